@@ -1,0 +1,138 @@
+"""The exceptions aperf raises: one flat vocabulary, re-exported from ``aperf``.
+
+Errors from libbpf carry the errno, its message and the name of the C function
+that failed; they are translated once, at the binding boundary.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+
+class AperfError(Exception):
+    """Base class of every error aperf raises on purpose."""
+
+
+# --- libbpf and the kernel -------------------------------------------------
+
+
+class LibbpfUnavailableError(AperfError, ImportError):
+    """libbpf could not be loaded, or is too old. The message says what to install."""
+
+
+class LibbpfError(AperfError, OSError):
+    """A libbpf call failed. ``errno``, ``strerror`` and ``function`` say how."""
+
+    function: str
+
+    def __init__(self, err: int, function: str, detail: str = "") -> None:
+        message = os.strerror(err) if err else "unknown error"
+        super().__init__(err, message)
+        self.function = function
+        self.detail = detail
+
+    def __str__(self) -> str:
+        name = _errno.errorcode.get(self.errno or 0, str(self.errno))
+        text = f"{self.function}() failed: [{name}] {self.strerror}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+class MissingPrivilegesError(LibbpfError, PermissionError):
+    """The kernel refused for lack of privileges (run as root, or with CAP_BPF and CAP_PERFMON)."""
+
+    def __str__(self) -> str:
+        return (
+            super().__str__()
+            + " (BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE)"
+        )
+
+
+# --- BPF objects -------------------------------------------------------------
+
+
+class ObjectError(AperfError):
+    """Base class of errors about a BPF object file and what it holds."""
+
+
+class ObjectFileError(ObjectError, LibbpfError):
+    """The file is missing, unreadable, or not an ELF BPF object."""
+
+    def __init__(self, path: str, err: int, function: str, reason: str) -> None:
+        LibbpfError.__init__(self, err, function, reason)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"cannot open BPF object {self.path!r}: {self.detail} ({LibbpfError.__str__(self)})"
+
+
+class UnknownNameError(ObjectError, LookupError):
+    """No map, program or global of that name exists; the message lists those that do."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        super().__init__(f"no {kind} named {name!r}; known: {', '.join(sorted(known)) or 'none'}")
+        self.kind = kind
+        self.name = name
+        self.known = known
+
+
+class GlobalValueError(ObjectError, ValueError):
+    """A value does not fit the ``const volatile`` global it is meant for."""
+
+
+class ObjectStateError(ObjectError):
+    """The operation is not allowed in the object's current state (e.g. set_global after load)."""
+
+
+class VerifierError(ObjectError, LibbpfError):
+    """The kernel's verifier rejected a program. ``log`` holds libbpf's and the verifier's output."""
+
+    def __init__(self, path: str, err: int, log: str) -> None:
+        LibbpfError.__init__(self, err, "bpf_object__load")
+        self.path = path
+        self.log = log
+
+    def __str__(self) -> str:
+        tail = "\n".join(self.log.strip().splitlines()[-12:])
+        return (
+            f"the kernel rejected a program of {self.path!r} "
+            f"({LibbpfError.__str__(self)}); last lines of the log:\n{tail}\n"
+            "(the full log is in .log; set APERF_LIBBPF_VERBOSE=1 to see all of libbpf's output)"
+        )
+
+
+# --- perf rings and streams --------------------------------------------------
+
+
+class MapTypeError(AperfError, TypeError):
+    """The map is not a BPF_MAP_TYPE_PERF_EVENT_ARRAY."""
+
+
+class RingSizeError(AperfError, ValueError):
+    """The per-CPU ring size is invalid (page count not a power of two, zero, too large)."""
+
+
+class ClosedResourceError(AperfError):
+    """The stream, buffer or object was closed."""
+
+
+class BusyResourceError(AperfError):
+    """Another task is already using this resource (e.g. iterating the same stream)."""
+
+
+class BrokenRingError(AperfError):
+    """A ring held a corrupt record header; that ring was stopped."""
+
+    def __init__(self, cpu: int, reason: str) -> None:
+        super().__init__(f"perf ring of CPU {cpu} is corrupt and was stopped: {reason}")
+        self.cpu = cpu
+
+
+class DecodeError(AperfError, ValueError):
+    """A decoder did not fit a sample. ``cpu`` and ``data`` identify the sample."""
+
+    def __init__(self, cpu: int, data: bytes, reason: str) -> None:
+        super().__init__(f"cannot decode a {len(data)}-byte sample from CPU {cpu}: {reason}")
+        self.cpu = cpu
+        self.data = data
+        self.reason = reason

@@ -1,0 +1,95 @@
+"""What a stream yields: samples, lost notices, decode failures; and its statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ._errors import DecodeError
+
+
+class Sample(NamedTuple):
+    """One ``bpf_perf_event_output()`` record.
+
+    ``data`` is a ``bytes`` object owned by the caller (never a view of ring
+    memory). The kernel pads raw samples: ``len(data)`` is ``round_up(S + 4, 8) - 4``
+    for an S-byte output. ``value`` is the decoder's result, or None without one.
+    """
+
+    cpu: int
+    data: bytes
+    value: Any = None
+
+
+class Lost(NamedTuple):
+    """The kernel dropped ``count`` samples on ``cpu`` because its ring was full.
+
+    It arrives in ring order: after the samples that made it before the overflow.
+    """
+
+    cpu: int
+    count: int
+
+
+class BadSample(NamedTuple):
+    """A sample the decoder could not decode (yielded under ``decode_errors="item"``)."""
+
+    cpu: int
+    data: bytes
+    error: DecodeError
+
+
+Event = Sample | Lost | BadSample
+
+
+class _Failure(NamedTuple):
+    """An exception queued in stream order (a broken ring); raised when the consumer reaches it."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class CpuStatistics:
+    """Counters of one CPU's ring since the stream opened."""
+
+    cpu: int
+    samples: int
+    lost: int
+    bytes: int
+    wakeups: int
+    decode_errors: int
+    other_records: int
+    broken: bool
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    """A snapshot of a stream's counters; ``cpus`` holds one entry per ring."""
+
+    cpus: tuple[CpuStatistics, ...]
+    pending: int
+    max_pending: int
+    paused: bool
+    ring_bytes: int
+    memory_bytes: int
+    closed: bool
+
+    @property
+    def samples(self) -> int:
+        return sum(c.samples for c in self.cpus)
+
+    @property
+    def lost(self) -> int:
+        return sum(c.lost for c in self.cpus)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.bytes for c in self.cpus)
+
+    @property
+    def wakeups(self) -> int:
+        return sum(c.wakeups for c in self.cpus)
+
+    @property
+    def decode_errors(self) -> int:
+        return sum(c.decode_errors for c in self.cpus)

@@ -1,0 +1,282 @@
+"""Loading libbpf and declaring, once, every C function aperf calls.
+
+Every prototype is made by a small factory that sets ``argtypes``, a ctypes
+``restype`` and an ``errcheck``; the errcheck turns a NULL or negative return
+into a :class:`~aperf.LibbpfError` carrying errno and the function's name, and
+re-raises any exception that a Python callback raised while C was running.
+Nothing outside this subpackage touches ctypes prototypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno as _errno
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._errors import LibbpfError, LibbpfUnavailableError, MissingPrivilegesError
+
+LIBBPF_ENV = "APERF_LIBBPF"
+"""Environment variable naming the libbpf shared library to load instead of ``libbpf.so.1``."""
+
+MIN_VERSION = (1, 0)
+INSTALL_HINT = (
+    "aperf needs libbpf >= 1.0: install it with 'apt-get install libbpf1' "
+    "(Debian 12 / Ubuntu 22.10 and later), or point APERF_LIBBPF at a libbpf.so.1"
+)
+
+_PERMISSION_ERRNOS = {_errno.EPERM, _errno.EACCES}
+
+
+def error_for(err: int, function: str, detail: str = "") -> LibbpfError:
+    """The typed error for a libbpf failure with this (positive) errno."""
+    if err in _PERMISSION_ERRNOS:
+        return MissingPrivilegesError(err, function, detail)
+    return LibbpfError(err, function, detail)
+
+
+class _CallbackErrors(threading.local):
+    """Exceptions raised by Python callbacks while C held the stack, per thread.
+
+    A ctypes callback cannot raise through C; instead it parks the exception
+    here and the errcheck of the C call that invoked it re-raises it.
+    """
+
+    def __init__(self) -> None:
+        self.pending: BaseException | None = None
+
+
+callback_errors = _CallbackErrors()
+
+
+def park_callback_error(exc: BaseException) -> None:
+    if callback_errors.pending is None:
+        callback_errors.pending = exc
+
+
+def _raise_parked() -> None:
+    exc = callback_errors.pending
+    if exc is not None:
+        callback_errors.pending = None
+        raise exc
+
+
+def _load_library() -> ctypes.CDLL:
+    path = os.environ.get(LIBBPF_ENV) or "libbpf.so.1"
+    try:
+        lib = ctypes.CDLL(path, use_errno=True)
+    except OSError as exc:
+        raise LibbpfUnavailableError(f"cannot load {path!r} ({exc}); {INSTALL_HINT}") from None
+    try:
+        get_major = lib.libbpf_major_version
+        get_minor = lib.libbpf_minor_version
+    except AttributeError:
+        raise LibbpfUnavailableError(
+            f"{path!r} is not libbpf 1.x (it has no libbpf_major_version); {INSTALL_HINT}"
+        ) from None
+    get_major.restype = ctypes.c_uint32
+    get_major.argtypes = []
+    get_minor.restype = ctypes.c_uint32
+    get_minor.argtypes = []
+    version = (int(get_major()), int(get_minor()))
+    if version < MIN_VERSION:
+        raise LibbpfUnavailableError(
+            f"{path!r} is libbpf {version[0]}.{version[1]}, too old; {INSTALL_HINT}"
+        )
+    return lib
+
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libbpf, loaded and version-checked on first use."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                _lib = _load_library()
+    return _lib
+
+
+# --- prototype factories ------------------------------------------------------
+
+ErrCheck = Callable[[Any, Any, tuple[Any, ...]], Any]
+
+
+class _Prototype:
+    """A C function declared lazily (so importing aperf never loads libbpf)."""
+
+    def __init__(
+        self, name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck
+    ) -> None:
+        self.name = name
+        self._restype = restype
+        self._argtypes = list(argtypes)
+        self._errcheck = errcheck
+        self._fn: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._bind()
+        return fn(*args)
+
+    def _bind(self) -> Any:
+        try:
+            fn = getattr(library(), self.name)
+        except AttributeError:
+            raise LibbpfUnavailableError(
+                f"the loaded libbpf has no {self.name}(); {INSTALL_HINT}"
+            ) from None
+        fn.restype = self._restype
+        fn.argtypes = self._argtypes
+        fn.errcheck = self._errcheck
+        self._fn = fn
+        return fn
+
+
+def _check_negative(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    _raise_parked()
+    if result < 0:
+        raise error_for(-result, func.__name__)
+    return result
+
+
+def _check_null(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    _raise_parked()
+    if not result:
+        raise error_for(ctypes.get_errno() or _errno.EINVAL, func.__name__)
+    return result
+
+
+def _check_nothing(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
+    # No error convention (getters, iterators, void): only re-raise callback errors.
+    _raise_parked()
+    return result
+
+
+def int_fn(name: str, *argtypes: Any) -> _Prototype:
+    """A function returning ``int``: negative is ``-errno``."""
+    return _Prototype(name, ctypes.c_int, argtypes, _check_negative)
+
+
+def ptr_fn(name: str, *argtypes: Any) -> _Prototype:
+    """A function returning a pointer: NULL means failure, with ``errno`` set."""
+    return _Prototype(name, ctypes.c_void_p, argtypes, _check_null)
+
+
+def plain_fn(name: str, restype: Any, *argtypes: Any) -> _Prototype:
+    """A function with no error convention (a getter, an iterator, or void)."""
+    return _Prototype(name, restype, argtypes, _check_nothing)
+
+
+def version() -> tuple[int, int]:
+    """libbpf's (major, minor) version."""
+    return (int(libbpf_major_version()), int(libbpf_minor_version()))
+
+
+def version_string() -> str:
+    raw = libbpf_version_string()
+    return raw.decode() if raw else "v%d.%d" % version()
+
+
+c_int_p = ctypes.POINTER(ctypes.c_int)
+c_size_t_p = ctypes.POINTER(ctypes.c_size_t)
+c_uint32_p = ctypes.POINTER(ctypes.c_uint32)
+
+# --- library ------------------------------------------------------------------
+libbpf_major_version = plain_fn("libbpf_major_version", ctypes.c_uint32)
+libbpf_minor_version = plain_fn("libbpf_minor_version", ctypes.c_uint32)
+libbpf_version_string = plain_fn("libbpf_version_string", ctypes.c_char_p)
+libbpf_num_possible_cpus = int_fn("libbpf_num_possible_cpus")
+PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+libbpf_set_print = plain_fn("libbpf_set_print", ctypes.c_void_p, PRINT_FN)
+
+# --- objects --------------------------------------------------------------------
+bpf_object__open_file = ptr_fn("bpf_object__open_file", ctypes.c_char_p, ctypes.c_void_p)
+bpf_object__load = int_fn("bpf_object__load", ctypes.c_void_p)
+bpf_object__close = plain_fn("bpf_object__close", None, ctypes.c_void_p)
+bpf_object__name = plain_fn("bpf_object__name", ctypes.c_char_p, ctypes.c_void_p)
+bpf_object__next_map = plain_fn(
+    "bpf_object__next_map", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+)
+bpf_object__next_program = plain_fn(
+    "bpf_object__next_program", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+)
+bpf_object__btf = plain_fn("bpf_object__btf", ctypes.c_void_p, ctypes.c_void_p)
+
+# --- maps -------------------------------------------------------------------------
+bpf_map__name = plain_fn("bpf_map__name", ctypes.c_char_p, ctypes.c_void_p)
+bpf_map__fd = plain_fn("bpf_map__fd", ctypes.c_int, ctypes.c_void_p)
+bpf_map__type = plain_fn("bpf_map__type", ctypes.c_int, ctypes.c_void_p)
+bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.c_void_p)
+bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
+bpf_map__btf_value_type_id = plain_fn(
+    "bpf_map__btf_value_type_id", ctypes.c_uint32, ctypes.c_void_p
+)
+bpf_map__initial_value = plain_fn(
+    "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
+)
+bpf_map__set_initial_value = int_fn(
+    "bpf_map__set_initial_value", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+)
+bpf_map_update_elem = int_fn(
+    "bpf_map_update_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64
+)
+bpf_map_lookup_elem = int_fn(
+    "bpf_map_lookup_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
+)
+bpf_obj_get = int_fn("bpf_obj_get", ctypes.c_char_p)
+bpf_obj_get_info_by_fd = int_fn(
+    "bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_void_p, c_uint32_p
+)
+
+# --- programs and links -------------------------------------------------------------
+bpf_program__name = plain_fn("bpf_program__name", ctypes.c_char_p, ctypes.c_void_p)
+bpf_program__section_name = plain_fn(
+    "bpf_program__section_name", ctypes.c_char_p, ctypes.c_void_p
+)
+bpf_program__fd = plain_fn("bpf_program__fd", ctypes.c_int, ctypes.c_void_p)
+bpf_program__type = plain_fn("bpf_program__type", ctypes.c_int, ctypes.c_void_p)
+bpf_program__attach = ptr_fn("bpf_program__attach", ctypes.c_void_p)
+bpf_link__destroy = int_fn("bpf_link__destroy", ctypes.c_void_p)
+bpf_prog_test_run_opts = int_fn("bpf_prog_test_run_opts", ctypes.c_int, ctypes.c_void_p)
+
+# --- BTF ------------------------------------------------------------------------------
+btf__find_by_name_kind = int_fn(
+    "btf__find_by_name_kind", ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32
+)
+btf__type_by_id = ptr_fn("btf__type_by_id", ctypes.c_void_p, ctypes.c_uint32)
+btf__type_cnt = plain_fn("btf__type_cnt", ctypes.c_uint32, ctypes.c_void_p)
+btf__name_by_offset = plain_fn(
+    "btf__name_by_offset", ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32
+)
+btf__resolve_size = plain_fn("btf__resolve_size", ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint32)
+btf__resolve_type = int_fn("btf__resolve_type", ctypes.c_void_p, ctypes.c_uint32)
+
+# --- perf buffers ---------------------------------------------------------------------
+PERF_EVENT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+perf_buffer__new_raw = ptr_fn(
+    "perf_buffer__new_raw",
+    ctypes.c_int,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+    PERF_EVENT_FN,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+)
+perf_buffer__free = plain_fn("perf_buffer__free", None, ctypes.c_void_p)
+perf_buffer__buffer_cnt = plain_fn("perf_buffer__buffer_cnt", ctypes.c_size_t, ctypes.c_void_p)
+perf_buffer__buffer_fd = int_fn("perf_buffer__buffer_fd", ctypes.c_void_p, ctypes.c_size_t)
+perf_buffer__buffer = int_fn(
+    "perf_buffer__buffer",
+    ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_void_p),
+    c_size_t_p,
+)

@@ -1,0 +1,179 @@
+"""Sans-I/O perf ring reading: byte-ring arithmetic and record parsing.
+
+Nothing here knows about libbpf, fds or event loops: a :class:`RingReader`
+works on any object with the :class:`RingMemoryLike` shape, which is how the
+unit tests drive it on fake memory.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Protocol
+
+from ._errors import BrokenRingError
+
+PERF_RECORD_LOST = 2
+PERF_RECORD_SAMPLE = 9
+
+_HEADER = struct.Struct("<IHH")  # perf_event_header: u32 type, u16 misc, u16 size
+_RAW_SIZE = struct.Struct("<I")  # PERF_SAMPLE_RAW: u32 size, then the bytes
+_LOST_COUNT = struct.Struct("<Q")  # PERF_RECORD_LOST: u64 id, u64 lost
+HEADER_SIZE = _HEADER.size
+
+
+class RingMemoryLike(Protocol):
+    size: int
+
+    def positions(self) -> tuple[int, int]: ...
+
+    def copy(self, offset: int, length: int) -> bytes: ...
+
+    def set_tail(self, tail: int) -> None: ...
+
+
+class RingReader:
+    """Takes the readable span out of one CPU's ring and releases it at once."""
+
+    __slots__ = ("broken", "cpu", "memory", "_mask")
+
+    def __init__(self, cpu: int, memory: RingMemoryLike) -> None:
+        size = memory.size
+        if size <= 0 or size & (size - 1):
+            raise ValueError(f"ring data size {size} is not a power of two")
+        self.cpu = cpu
+        self.memory = memory
+        self.broken: BrokenRingError | None = None
+        self._mask = size - 1
+
+    def pending_bytes(self) -> int:
+        head, tail = self.memory.positions()
+        return head - tail
+
+    def take(self) -> bytes:
+        """Copy every complete record out of the ring (wrapping span joined) and free the space."""
+        if self.broken is not None:
+            raise self.broken
+        memory = self.memory
+        head, tail = memory.positions()
+        length = head - tail
+        if length == 0:
+            return b""
+        size = self._mask + 1
+        if length < 0 or length > size:
+            self.broken = BrokenRingError(
+                self.cpu, f"head {head} and tail {tail} are {length} bytes apart in a {size}-byte ring"
+            )
+            raise self.broken
+        start = tail & self._mask
+        first = size - start
+        if length <= first:
+            span = memory.copy(start, length)
+        else:
+            span = memory.copy(start, first) + memory.copy(0, length - first)
+        memory.set_tail(head)
+        return span
+
+
+def uniform_sample_size(span: bytes) -> int:
+    """If ``span`` is only PERF_RECORD_SAMPLEs with identical headers, their raw size; else -1.
+
+    The common case (one BPF program emitting one struct) is then parsed at C
+    speed: the header and raw-size bytes are compared column by column with
+    strided slices, and payloads cut out with ``struct.iter_unpack``.
+    """
+    end = len(span)
+    if end < 12:
+        return -1
+    kind, _misc, size = _HEADER.unpack_from(span, 0)
+    if kind != PERF_RECORD_SAMPLE or size < 12 or end % size:
+        return -1
+    count = end // size
+    for column in range(12):
+        if span[column::size] != span[column : column + 1] * count:
+            return -1
+    raw = _RAW_SIZE.unpack_from(span, 8)[0]
+    return raw if 12 + raw <= size else -1
+
+
+def split_records(cpu: int, span: bytes) -> tuple[list[bytes | int], int, bool, bool]:
+    """Parse a span into raw sample payloads (``bytes``) and lost counts (``int``), in order.
+
+    Returns the items, the number of records of other types (skipped), whether
+    any lost count is among the items, and whether all samples have one size.
+    Raises :class:`BrokenRingError` on a record that does not fit.
+    """
+    raw = uniform_sample_size(span)
+    if raw >= 0:
+        record = _HEADER.unpack_from(span, 0)[2]
+        cut = struct.Struct(f"12x{raw}s{record - 12 - raw}x")
+        return [payload for (payload,) in cut.iter_unpack(span)], 0, False, True
+    items: list[bytes | int] = []
+    other = 0
+    lost_seen = False
+    end = len(span)
+    pos = 0
+    unpack_header = _HEADER.unpack_from
+    unpack_raw = _RAW_SIZE.unpack_from
+    append = items.append
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise BrokenRingError(cpu, f"{end - pos} trailing bytes are shorter than a header")
+        kind, _misc, size = unpack_header(span, pos)
+        if size < HEADER_SIZE or pos + size > end:
+            raise BrokenRingError(cpu, f"record at byte {pos} claims size {size} of {end - pos}")
+        if kind == PERF_RECORD_SAMPLE:
+            raw = unpack_raw(span, pos + 8)[0]
+            if 12 + raw > size:
+                raise BrokenRingError(cpu, f"sample at byte {pos} claims {raw} raw bytes in {size}")
+            append(span[pos + 12 : pos + 12 + raw])
+        elif kind == PERF_RECORD_LOST:
+            if size < 24:
+                raise BrokenRingError(cpu, f"lost record at byte {pos} is only {size} bytes")
+            append(_LOST_COUNT.unpack_from(span, pos + 16)[0])
+            lost_seen = True
+        else:
+            other += 1
+        pos += size
+    return items, other, lost_seen, False
+
+
+def encode_sample(payload: bytes) -> bytes:
+    """A PERF_RECORD_SAMPLE record as the kernel writes it (for fakes and tests)."""
+    body = _RAW_SIZE.pack(len(payload)) + payload
+    padded = (len(body) + 7) & ~7
+    body = body.ljust(padded, b"\0")
+    return _HEADER.pack(PERF_RECORD_SAMPLE, 0, HEADER_SIZE + len(body)) + body
+
+
+def encode_lost(count: int, event_id: int = 0) -> bytes:
+    """A PERF_RECORD_LOST record as the kernel writes it (for fakes and tests)."""
+    return _HEADER.pack(PERF_RECORD_LOST, 0, 24) + struct.pack("<QQ", event_id, count)
+
+
+class FakeRingMemory:
+    """A ring in plain memory, for tests of code that reads rings (public via aperf.testing)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.data = bytearray(size)
+        self.head = 0
+        self.tail = 0
+
+    def positions(self) -> tuple[int, int]:
+        return self.head, self.tail
+
+    def copy(self, offset: int, length: int) -> bytes:
+        assert 0 <= offset and offset + length <= self.size, "read out of the ring's bounds"
+        return bytes(self.data[offset : offset + length])
+
+    def set_tail(self, tail: int) -> None:
+        self.tail = tail
+
+    def write(self, record: bytes) -> bool:
+        """Append a record as the kernel would (wrapping); False if it does not fit."""
+        if self.size - (self.head - self.tail) < len(record):
+            return False
+        for i, byte in enumerate(record):
+            self.data[(self.head + i) % self.size] = byte
+        self.head += len(record)
+        return True

@@ -1,0 +1,351 @@
+"""The asyncio driver: ``async for`` over events, batches, and callback mode."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import structlog
+
+from ._core import DEFAULT_MAX_PENDING, DecodeErrorPolicy, StreamCore
+from ._decode import DecoderSpec, resolve_decoder
+from ._errors import BusyResourceError, ClosedResourceError
+from ._events import BadSample, Lost, Sample, StreamStatistics
+from ._options import Wakeup, resolve_wakeup, ring_pages
+from ._rings import MapSource, RingSet
+from ._watch import FdWatcher
+
+log = structlog.get_logger("aperf")
+
+Callback = Callable[[Any], Any]
+DEFAULT_BATCH = 4096
+_ITER_BATCH = 256  # events built at a time for async for
+
+
+async def _call(callback: Callable[[Any], Any], arg: Any) -> None:
+    result = callback(arg)
+    if inspect.isawaitable(result):
+        await result
+
+
+class PerfStream:
+    """Every CPU ring of a PERF_EVENT_ARRAY map, as an asyncio event stream.
+
+    ``source`` is an :class:`aperf.Map`, the fd of a perf event array loaded by
+    anything else, or the path of a pinned map. Open it with ``async with``
+    (or ``await stream.open()`` and ``await stream.aclose()``), then either
+    iterate it (``async for event in stream``, or ``stream.batches()``) or,
+    given callbacks, ``await stream.run()``.
+    """
+
+    def __init__(
+        self,
+        source: MapSource,
+        *,
+        pages: int | None = None,
+        ring_bytes: int | None = None,
+        decoder: DecoderSpec = None,
+        wakeup: Wakeup | str | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        decode_errors: DecodeErrorPolicy = "item",
+        on_sample: Callback | None = None,
+        on_lost: Callback | None = None,
+        on_batch: Callable[[list[Any]], Any] | None = None,
+        on_decode_error: Callback | None = None,
+    ) -> None:
+        # Everything is validated here, before any ring exists.
+        self._source = source
+        self._pages = ring_pages(pages, ring_bytes)
+        self._wakeup = resolve_wakeup(wakeup)
+        self._decoder = resolve_decoder(decoder, source)
+        self._max_pending = max_pending
+        self._decode_errors = decode_errors
+        if on_batch is not None and (on_sample or on_lost):
+            raise ValueError("give on_batch, or on_sample/on_lost, not both")
+        self._on_sample = on_sample
+        self._on_lost = on_lost
+        self._on_batch = on_batch
+        self._on_decode_error = on_decode_error
+        self._rings: RingSet | None = None
+        self._core: StreamCore | None = None
+        self._watcher: FdWatcher | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+
+    # --- opening and closing -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the rings and register them with the running loop."""
+        if self._closed:
+            raise ClosedResourceError("this PerfStream was closed; make a new one")
+        if self._rings is not None:
+            return
+        loop = asyncio.get_running_loop()
+        rings = RingSet(self._source, self._pages, self._wakeup)
+        try:
+            self._core = StreamCore(
+                rings.readers,
+                decoder=self._decoder,
+                decode_errors=self._decode_errors,
+                max_pending=self._max_pending,
+                ring_bytes=rings.ring_bytes,
+                memory_bytes=rings.memory_bytes,
+            )
+            self._watcher = FdWatcher(loop, rings.fds, self._on_ready)
+        except BaseException:
+            rings.free()
+            raise
+        self._rings = rings
+        self._loop = loop
+        if self._wakeup.batched and self._wakeup.max_latency is not None:
+            self._timer = loop.call_later(self._wakeup.max_latency, self._tick)
+        log.info(
+            "perf stream opened",
+            map=rings.name,
+            cpus=sorted(rings.readers),
+            ring_bytes=rings.ring_bytes,
+            memory_bytes=rings.memory_bytes,
+            wakeup=self._wakeup,
+        )
+
+    async def __aenter__(self) -> PerfStream:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop watching, take what the rings still hold, free them. Idempotent.
+
+        Events taken out of the rings stay readable: a consumer iterating the
+        stream gets them, then the iteration ends.
+        """
+        self._close_now()
+
+    def close(self) -> None:
+        """Close from any thread (blocks until the loop thread has closed the stream)."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            self._close_now()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._close_now()
+            return
+        done = threading.Event()
+
+        def close_in_loop() -> None:
+            try:
+                self._close_now()
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(close_in_loop)
+        done.wait()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True  # 1. mark closed
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        watcher, self._watcher = self._watcher, None
+        rings, self._rings = self._rings, None
+        core = self._core
+        try:
+            if watcher is not None:
+                watcher.stop()  # 2. no loop callback may touch the rings from now on
+            if core is not None:
+                core.drain_all(force=True)
+        finally:
+            try:
+                if rings is not None:
+                    rings.free()  # 3. views dropped, rings unmapped, fds closed, slots deleted
+            finally:
+                if core is not None:
+                    core.closed = True
+                    core.log_summary("perf stream closed")
+                self._wake()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- loop callbacks -----------------------------------------------------------------
+
+    def _on_ready(self, cpu: int) -> None:
+        core = self._core
+        if core is None or self._closed:
+            return
+        try:
+            added = core.woken(cpu)
+        except Exception as exc:  # never let it reach the loop's handler to be printed
+            core.push_failure(exc)
+            added = 1
+        if added:
+            self._wake()
+
+    def _tick(self) -> None:
+        core = self._core
+        wakeup = self._wakeup
+        if core is None or self._closed or self._loop is None:
+            return
+        try:
+            added = 0 if core.full else core.drain_all()
+        except Exception as exc:
+            core.push_failure(exc)
+            added = 1
+        if added:
+            self._wake()
+        assert wakeup.max_latency is not None
+        self._timer = self._loop.call_later(wakeup.max_latency, self._tick)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def flush(self) -> int:
+        """Take everything the rings hold now (below any wakeup threshold); events added."""
+        core = self._require_open()
+        added = core.drain_all(force=True)
+        if added:
+            self._wake()
+        return added
+
+    # --- consuming ---------------------------------------------------------------------
+
+    def _require_open(self) -> StreamCore:
+        if self._core is None:
+            raise ClosedResourceError(
+                "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
+            )
+        return self._core
+
+    async def _wait(self) -> None:
+        if self._waiter is not None:
+            raise BusyResourceError("another task is already reading this stream")
+        loop = self._loop
+        assert loop is not None
+        waiter = loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        # An async generator costs less per item than a coroutine per __anext__.
+        return self._events()
+
+    async def __anext__(self) -> Any:
+        """One event (``await anext(stream)``); ``async for`` uses a cheaper path."""
+        core = self._require_open()
+        while True:
+            batch = self._take(core, 1)
+            if batch:
+                return batch[0]
+            if self._closed:
+                raise StopAsyncIteration
+            await self._wait()
+
+    def _take(self, core: StreamCore, max_items: int) -> list[Any]:
+        batch = core.take(max_items)
+        if core.paused:
+            try:
+                core.maybe_resume()
+            except Exception as exc:  # pragma: no cover - drain converts ring errors itself
+                core.push_failure(exc)
+        return batch
+
+    async def _events(self) -> AsyncIterator[Any]:
+        core = self._require_open()
+        while True:
+            batch = self._take(core, _ITER_BATCH)
+            if not batch:
+                if self._closed:
+                    return
+                await self._wait()
+                continue
+            handed = 0
+            try:
+                for event in batch:
+                    handed += 1
+                    yield event
+            finally:
+                # The consumer stopped (break, cancellation, error) inside this batch:
+                # what it has not received goes back to the queue.
+                if handed < len(batch):
+                    core.put_back(batch[handed:])
+
+    async def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Any]]:
+        """Yield lists of up to ``max_items`` events, in stream order, without a per-item await."""
+        if max_items < 1:
+            raise ValueError(f"max_items must be at least 1, not {max_items}")
+        core = self._require_open()
+        while True:
+            batch = self._take(core, max_items)
+            if batch:
+                yield batch
+            elif self._closed:
+                return
+            else:
+                await self._wait()
+
+    async def run(self) -> None:
+        """Callback mode: hand every event to the callbacks until the stream closes.
+
+        Callbacks may be plain functions or coroutines. An exception raised by a
+        callback propagates out of ``run()``; the events after it stay queued.
+        """
+        if self._on_batch is None and self._on_sample is None:
+            raise ValueError("run() needs on_sample (and on_lost) or on_batch callbacks")
+        core = self._require_open()
+        async for batch in self.batches():
+            if self._on_batch is not None:
+                await _call(self._on_batch, batch)
+                continue
+            for index, event in enumerate(batch):
+                try:
+                    await self._dispatch(event)
+                except BaseException:
+                    core.put_back(batch[index + 1 :])
+                    raise
+
+    async def _dispatch(self, event: Any) -> None:
+        cls = event.__class__
+        if cls is Sample:
+            assert self._on_sample is not None
+            await _call(self._on_sample, event)
+        elif cls is Lost:
+            if self._on_lost is not None:
+                await _call(self._on_lost, event)
+        elif cls is BadSample:
+            if self._on_decode_error is None:
+                raise event.error
+            await _call(self._on_decode_error, event)
+
+    # --- introspection -------------------------------------------------------------------
+
+    def statistics(self) -> StreamStatistics:
+        """Per-CPU samples, lost, bytes and wakeups; queue depth; memory."""
+        return self._require_open().statistics()
+
+    @property
+    def cpus(self) -> list[int]:
+        return sorted(self._require_open().counters)
+
+    @property
+    def wakeup(self) -> Wakeup:
+        return self._wakeup
+

@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Deterministic sample producer for tests and benchmarks.
+ *
+ * Not attached anywhere: user space runs "produce" with
+ * bpf_prog_test_run_opts(.flags = BPF_F_TEST_RUN_ON_CPU, .cpu = N), after
+ * writing config[N]. One run emits config[N].count samples of config[N].size
+ * bytes into the perf event array "samples" on CPU N. The config is keyed by
+ * CPU so that runs on different CPUs can be set up and run at the same time.
+ *
+ * Sample layout (little endian):
+ *   size >= 8 : bytes 0..7   = u64 sequence number (first_seq + i), i = 0..count-1
+ *   size >= 16: bytes 8..15  = u64 bpf_ktime_get_ns() at emission
+ *   size <  8 : bytes 0..size-1 = the low `size` bytes of the sequence number
+ *   every other byte is zero (bytes 8..15 when size < 16, bytes 16..size-1).
+ *
+ * Return value of a run: 0 ok, 1 bad config (size not in 1..4096; nothing is
+ * counted), 2 count > 1<<23 (bpf_loop's limit; rejected, not clamped, nothing
+ * is counted -- split large counts into several runs).
+ *
+ * counters: [0] += successful outputs, [1] += failed outputs (helper < 0),
+ *           [2]  = tag, [3] += 1 per accepted run.
+ */
+/* vmlinux.h has "typedef struct config_s config;", which would clash with
+ * the map named "config" that user space looks up: rename it away. */
+#define config config___vmlinux
+#include "vmlinux.h"
+#undef config
+#include <bpf/bpf_helpers.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define MAX_SAMPLE_SIZE 4096
+#define MAX_LOOPS (1ULL << 23)
+#define MAX_CPUS 1024
+
+enum {
+	CNT_OK = 0,
+	CNT_FAILED = 1,
+	CNT_TAG = 2,
+	CNT_RUNS = 3,
+	CNT_MAX,
+};
+
+struct producer_config {
+	__u64 count;
+	__u64 size;
+	__u64 first_seq;
+};
+
+struct sample_buf {
+	__u8 data[MAX_SAMPLE_SIZE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY);
+	__uint(key_size, sizeof(u32));
+	__uint(value_size, sizeof(u32));
+} samples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);
+	__type(value, struct producer_config);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample_buf);
+} scratch SEC(".maps");
+
+/* Set from user space before load; copied to counters[2] by every run. */
+const volatile __u64 tag = 0;
+
+struct loop_ctx {
+	void *ctx;
+	__u64 size;
+	__u64 first_seq;
+	__u64 ok;
+	__u64 failed;
+};
+
+static long emit_one(__u64 i, void *data)
+{
+	struct loop_ctx *lc = data;
+	struct sample_buf *buf;
+	__u32 zero = 0;
+	__u64 size = lc->size;
+	__u64 seq = lc->first_seq + i;
+	long ret;
+	int j;
+
+	/* re-checked here so the verifier sees a bounded size */
+	if (size == 0 || size > MAX_SAMPLE_SIZE)
+		return 1;
+
+	buf = bpf_map_lookup_elem(&scratch, &zero);
+	if (!buf)
+		return 1;
+
+	if (size >= 8) {
+		*(__u64 *)&buf->data[0] = seq;
+	} else {
+		for (j = 0; j < 7; j++) {
+			if (j >= size)
+				break;
+			buf->data[j] = seq >> (8 * j);
+		}
+	}
+	/* when no timestamp fits, clear its slot so bytes 8..size-1 are zero
+	 * rather than left over from an earlier run with a larger size */
+	if (size >= 16)
+		*(__u64 *)&buf->data[8] = bpf_ktime_get_ns();
+	else
+		*(__u64 *)&buf->data[8] = 0;
+
+	ret = bpf_perf_event_output(lc->ctx, &samples, BPF_F_CURRENT_CPU, buf, size);
+	if (ret < 0)
+		lc->failed++;
+	else
+		lc->ok++;
+	return 0;
+}
+
+static __always_inline void counter_add(__u32 key, __u64 val)
+{
+	__u64 *p = bpf_map_lookup_elem(&counters, &key);
+
+	if (p)
+		__sync_fetch_and_add(p, val);
+}
+
+SEC("raw_tp")
+int produce(void *ctx)
+{
+	struct producer_config *cfg;
+	struct loop_ctx lc = {};
+	__u32 cpu = bpf_get_smp_processor_id(), key;
+	__u64 *p;
+
+	cfg = bpf_map_lookup_elem(&config, &cpu);
+	if (!cfg)
+		return 1;
+	if (cfg->size < 1 || cfg->size > MAX_SAMPLE_SIZE)
+		return 1;
+	if (cfg->count > MAX_LOOPS)
+		return 2;
+
+	lc.ctx = ctx;
+	lc.size = cfg->size;
+	lc.first_seq = cfg->first_seq;
+	bpf_loop(cfg->count, emit_one, &lc, 0);
+
+	counter_add(CNT_OK, lc.ok);
+	counter_add(CNT_FAILED, lc.failed);
+	key = CNT_TAG;
+	p = bpf_map_lookup_elem(&counters, &key);
+	if (p)
+		*p = tag;
+	counter_add(CNT_RUNS, 1);
+	return 0;
+}
