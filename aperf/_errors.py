@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import re
 
 
 class AperfError(Exception):
@@ -91,11 +92,14 @@ class VerifierError(ObjectError, LibbpfError):
         LibbpfError.__init__(self, err, "bpf_object__load")
         self.path = path
         self.log = log
+        found = re.search(r"prog '([^']+)': (?:BPF program load failed|failed to load)", log)
+        self.program = found.group(1) if found else None
 
     def __str__(self) -> str:
         tail = "\n".join(self.log.strip().splitlines()[-12:])
+        which = f"program {self.program!r}" if self.program else "a program"
         return (
-            f"the kernel rejected a program of {self.path!r} "
+            f"the kernel's verifier rejected {which} of {self.path!r} "
             f"({LibbpfError.__str__(self)}); last lines of the log:\n{tail}\n"
             "(the full log is in .log; set APERF_LIBBPF_VERBOSE=1 to see all of libbpf's output)"
         )

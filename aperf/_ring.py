@@ -138,10 +138,13 @@ def split_records(cpu: int, span: bytes) -> tuple[list[bytes | int], int, bool, 
 
 
 def encode_sample(payload: bytes) -> bytes:
-    """A PERF_RECORD_SAMPLE record as the kernel writes it (for fakes and tests)."""
-    body = _RAW_SIZE.pack(len(payload)) + payload
-    padded = (len(body) + 7) & ~7
-    body = body.ljust(padded, b"\0")
+    """A PERF_RECORD_SAMPLE record as the kernel writes it (for fakes and tests).
+
+    Like the kernel, it pads the raw data so that u32 size + data is a multiple
+    of 8, and the size field counts the padding.
+    """
+    padded = ((len(payload) + 4 + 7) & ~7) - 4
+    body = _RAW_SIZE.pack(padded) + payload.ljust(padded, b"\0")
     return _HEADER.pack(PERF_RECORD_SAMPLE, 0, HEADER_SIZE + len(body)) + body
 
 

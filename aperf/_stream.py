@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -76,6 +78,7 @@ class PerfStream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._held: deque[Any] = deque()  # built events, handed out before the core's
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -260,6 +263,13 @@ class PerfStream:
             await self._wait()
 
     def _take(self, core: StreamCore, max_items: int) -> list[Any]:
+        held = self._held
+        if held:
+            if len(held) <= max_items:
+                batch = list(held)
+                held.clear()
+                return batch
+            return [held.popleft() for _ in range(max_items)]
         batch = core.take(max_items)
         if core.paused:
             try:
@@ -268,25 +278,28 @@ class PerfStream:
                 core.push_failure(exc)
         return batch
 
+    def _put_back(self, events: list[Any]) -> None:
+        self._held.extendleft(reversed(events))
+
     async def _events(self) -> AsyncIterator[Any]:
+        # Events are built a batch at a time into self._held and handed out one by
+        # one. The batch lives on the stream, not in this generator, so when a
+        # consumer stops (break, cancellation, an exception in its loop body) the
+        # next iteration continues exactly where it left off: nothing is dropped.
         core = self._require_open()
+        held = self._held
+        popleft = held.popleft
         while True:
-            batch = self._take(core, _ITER_BATCH)
-            if not batch:
-                if self._closed:
-                    return
-                await self._wait()
+            if held:
+                yield popleft()
                 continue
-            handed = 0
-            try:
-                for event in batch:
-                    handed += 1
-                    yield event
-            finally:
-                # The consumer stopped (break, cancellation, error) inside this batch:
-                # what it has not received goes back to the queue.
-                if handed < len(batch):
-                    core.put_back(batch[handed:])
+            batch = self._take(core, _ITER_BATCH)
+            if batch:
+                held.extend(batch)
+            elif self._closed:
+                return
+            else:
+                await self._wait()
 
     async def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Any]]:
         """Yield lists of up to ``max_items`` events, in stream order, without a per-item await."""
@@ -310,7 +323,7 @@ class PerfStream:
         """
         if self._on_batch is None and self._on_sample is None:
             raise ValueError("run() needs on_sample (and on_lost) or on_batch callbacks")
-        core = self._require_open()
+        self._require_open()
         async for batch in self.batches():
             if self._on_batch is not None:
                 await _call(self._on_batch, batch)
@@ -319,7 +332,7 @@ class PerfStream:
                 try:
                     await self._dispatch(event)
                 except BaseException:
-                    core.put_back(batch[index + 1 :])
+                    self._put_back(batch[index + 1 :])
                     raise
 
     async def _dispatch(self, event: Any) -> None:
@@ -339,7 +352,8 @@ class PerfStream:
 
     def statistics(self) -> StreamStatistics:
         """Per-CPU samples, lost, bytes and wakeups; queue depth; memory."""
-        return self._require_open().statistics()
+        stats = self._require_open().statistics()
+        return dataclasses.replace(stats, pending=stats.pending + len(self._held))
 
     @property
     def cpus(self) -> list[int]:

@@ -1,0 +1,89 @@
+"""Test tiers and fixtures.
+
+Kernel tests take the ``kernel`` fixture (or a fixture built on it). Where BPF
+is unavailable they skip, unless ``APERF_REQUIRE_BPF=1`` (CI sets it), where
+they fail instead. Every asyncio test runs on the default loop and on uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BPF_DIR = REPO / "bpf"
+REQUIRE_BPF = os.environ.get("APERF_REQUIRE_BPF", "") not in ("", "0")
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    import uvloop
+
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def _bpf_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "not root"
+    try:
+        from aperf.testing import Producer
+    except Exception as exc:  # pragma: no cover - import problems are failures anyway
+        return f"aperf.testing does not import: {exc}"
+    try:
+        with Producer():
+            pass
+    except Exception as exc:
+        return f"cannot load the producer: {exc}"
+    return None
+
+
+_reason: list[str | None] = []
+
+
+def require_kernel() -> None:
+    """Skip (or fail under APERF_REQUIRE_BPF=1) when BPF programs cannot be loaded."""
+    if not _reason:
+        _reason.append(_bpf_unavailable_reason())
+    reason = _reason[0]
+    if reason is None:
+        return
+    if REQUIRE_BPF:
+        pytest.fail(f"APERF_REQUIRE_BPF=1 but BPF is unavailable: {reason}", pytrace=False)
+    pytest.skip(f"BPF unavailable: {reason}")
+
+
+@pytest.fixture
+def kernel() -> None:
+    require_kernel()
+
+
+def mount_tracefs() -> None:
+    if not os.path.exists("/sys/kernel/tracing/events"):
+        subprocess.run(
+            ["mount", "-t", "tracefs", "tracefs", "/sys/kernel/tracing"], check=False
+        )
+
+
+@pytest.fixture
+def tracefs(kernel: None) -> None:
+    mount_tracefs()
+    if not os.path.exists("/sys/kernel/tracing/events"):
+        pytest.fail("tracefs is not mounted and could not be mounted")
+
+
+@pytest.fixture
+def producer(kernel: None) -> Iterator[object]:
+    from aperf.testing import Producer
+
+    with Producer() as p:
+        yield p
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))

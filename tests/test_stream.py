@@ -1,0 +1,489 @@
+"""Perf streams against the real kernel, with the deterministic producer.
+
+Exactness everywhere: produced == delivered + lost, checked against the BPF
+side's own counters. Every async test runs on the default loop and on uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+from collections import defaultdict
+from typing import Any
+
+import anyio
+import pytest
+
+import aperf
+from aperf.testing import Producer
+
+from .conftest import open_fds
+
+pytestmark = pytest.mark.usefixtures("kernel")
+BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
+CPUS = sorted(os.sched_getaffinity(0))
+OTHER_CPU = CPUS[-1]
+
+
+def seq_of(data: bytes, size: int = 32) -> int:
+    width = min(size, 8)
+    return int.from_bytes(data[:width], "little")
+
+
+class Tally:
+    """What a consumer saw: sample sequence numbers per CPU, lost counts per CPU."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self.seqs: dict[int, list[int]] = defaultdict(list)
+        self.lost: dict[int, int] = defaultdict(int)
+        self.order: list[tuple[str, int]] = []
+
+    def add(self, event: Any) -> None:
+        if isinstance(event, aperf.Sample):
+            self.seqs[event.cpu].append(seq_of(event.data, self.size))
+            self.order.append(("sample", event.cpu))
+        elif isinstance(event, aperf.Lost):
+            self.lost[event.cpu] += event.count
+            self.order.append(("lost", event.cpu))
+        else:  # pragma: no cover - would be a bug
+            raise AssertionError(f"unexpected event {event!r}")
+
+    @property
+    def samples(self) -> int:
+        return sum(len(v) for v in self.seqs.values())
+
+    @property
+    def total(self) -> int:
+        return self.samples + sum(self.lost.values())
+
+
+async def read_until(stream: aperf.PerfStream, tally: Tally, total: int, timeout: float = 20) -> None:
+    async def consume() -> None:
+        async for event in stream:
+            tally.add(event)
+            if tally.total >= total:
+                return
+
+    await asyncio.wait_for(consume(), timeout)
+
+
+async def join(thread: threading.Thread) -> None:
+    await asyncio.to_thread(thread.join)
+
+
+async def flush_when_drained(producer: Producer, tally: Tally, size: int = 32) -> None:
+    """Send the flush sample once the consumer has everything the ring took.
+
+    The kernel writes a lost record only in front of the next sample that fits,
+    so the flush must find room: sent into a still-full ring it is lost too.
+    """
+    while tally.samples < producer.counters().ok:
+        await asyncio.sleep(0.005)
+    producer.emit(1, size=size, cpu=OTHER_CPU)
+
+
+def assert_exact(producer: Producer, tally: Tally, produced: int) -> None:
+    counters = producer.counters()
+    assert counters.ok + counters.failed == produced
+    assert tally.samples == counters.ok
+    assert sum(tally.lost.values()) == counters.failed
+    assert tally.total == produced
+
+
+# --- exactness ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_drained_as_it_fills_in_order_without_gaps(producer: Producer) -> None:
+    n = 50_000
+    tally = Tally()
+    async with aperf.PerfStream(producer.map, pages=BIG) as stream:
+        thread = producer.spawn(n, size=32, cpu=OTHER_CPU)
+        await read_until(stream, tally, n)
+        await join(thread)
+        stats = stream.statistics()
+    assert tally.seqs[OTHER_CPU] == list(range(n))
+    assert not tally.lost
+    assert_exact(producer, tally, n)
+    assert stats.cpus[CPUS.index(OTHER_CPU)].samples == n
+    assert stats.lost == 0 and stats.wakeups > 0
+
+
+@pytest.mark.asyncio
+async def test_overflow_then_read_counts_every_sample(producer: Producer) -> None:
+    n = 200_000
+    tally = Tally()
+    async with aperf.PerfStream(producer.map, pages=4, max_pending=1000) as stream:
+        # Nobody reads while the burst runs: aperf stops at max_pending, the ring fills,
+        # the kernel counts the rest; the flush sample makes it write the lost record.
+        thread = producer.spawn(n, size=32, cpu=OTHER_CPU)
+        await join(thread)
+        reader = asyncio.create_task(read_until(stream, tally, n + 1))
+        await flush_when_drained(producer, tally)
+        await reader
+        stats = stream.statistics()
+    assert sum(tally.lost.values()) > 0
+    assert_exact(producer, tally, n + 1)
+    assert stats.lost == sum(tally.lost.values())
+    seqs = tally.seqs[OTHER_CPU]
+    assert seqs == sorted(seqs) and seqs[-1] == n  # the flush sample arrives last
+    assert tally.order.index(("lost", OTHER_CPU)) < len(tally.order) - 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [1, 3, 7, 8, 13, 16, 31, 100, 1001, 4095, 4096])
+async def test_sizes_wrapping_a_small_ring(producer: Producer, size: int) -> None:
+    n = 3000
+    tally = Tally(size)
+    payload_len = ((size + 4 + 7) & ~7) - 4
+    lengths = set()
+
+    async with aperf.PerfStream(producer.map, pages=2) as stream:
+        thread = producer.spawn(n, size=size, cpu=OTHER_CPU)
+
+        async def consume() -> None:
+            async for event in stream:
+                if isinstance(event, aperf.Sample):
+                    lengths.add(len(event.data))
+                    if size >= 16:  # the producer zeroes bytes 16..size-1; the kernel's
+                        # padding after them is not cleared (stale ring bytes)
+                        assert event.data[16:size] == bytes(size - 16)
+                tally.add(event)
+                if tally.total >= n + 1:
+                    return
+        reader = asyncio.create_task(asyncio.wait_for(consume(), 30))
+        await join(thread)
+        await flush_when_drained(producer, tally, size)
+        await reader
+    assert lengths == {payload_len}
+    assert_exact(producer, tally, n + 1)
+    mask = (1 << (8 * min(size, 8))) - 1
+    seqs = tally.seqs[OTHER_CPU]
+    assert seqs == sorted(seqs, key=lambda s: s) or size < 2
+    assert {s & mask for s in seqs} <= {i & mask for i in range(n + 1)}
+    assert tally.samples > 0
+
+
+@pytest.mark.asyncio
+async def test_both_cpus_at_once(kernel: None) -> None:
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    n = 30_000
+    tally = Tally()
+    with Producer() as producer:
+        async with aperf.PerfStream(producer.map, pages=BIG) as stream:
+            first = producer.spawn(n, size=32, cpu=CPUS[0])
+            second = producer.spawn(n, size=32, cpu=CPUS[1])
+            await read_until(stream, tally, 2 * n)
+            await join(first)
+            await join(second)
+        assert_exact(producer, tally, 2 * n)
+    runs = sorted([tally.seqs[CPUS[0]], tally.seqs[CPUS[1]]])
+    assert runs == [list(range(n)), list(range(n, 2 * n))]
+
+
+@pytest.mark.asyncio
+async def test_callback_mode_with_sync_and_async_callbacks(producer: Producer) -> None:
+    n = 20_000
+    tally = Tally()
+    done = asyncio.Event()
+
+    async def on_lost(event: aperf.Lost) -> None:
+        tally.add(event)
+        await asyncio.sleep(0)
+
+    def on_sample(event: aperf.Sample) -> None:
+        tally.add(event)
+        if tally.total >= n:
+            done.set()
+
+    async with aperf.PerfStream(
+        producer.map, pages=BIG, on_sample=on_sample, on_lost=on_lost
+    ) as stream:
+        runner = asyncio.create_task(stream.run())
+        thread = producer.spawn(n, size=32, cpu=OTHER_CPU)
+        await asyncio.wait_for(done.wait(), 20)
+        await join(thread)
+        await stream.aclose()
+        await asyncio.wait_for(runner, 5)  # run() returns once the stream is closed
+    assert tally.seqs[OTHER_CPU] == list(range(n))
+    assert_exact(producer, tally, n)
+
+
+def test_sync_fallback_poll_consume_and_buffer(producer: Producer) -> None:
+    n = 20_000
+    tally = Tally()
+    with aperf.PerfBuffer(producer.map, pages=BIG, on_sample=tally.add, on_lost=tally.add) as pb:
+        assert pb.buffer_cnt == len(CPUS) and pb.cpus == CPUS
+        assert pb.poll(timeout_ms=0) == 0
+        thread = producer.spawn(n, size=32, cpu=OTHER_CPU)
+        while tally.total < n:
+            handled = pb.poll(timeout_ms=100)
+            assert handled >= 0
+        thread.join()
+        producer.emit(10, cpu=OTHER_CPU)
+        assert pb.consume_buffer(OTHER_CPU) == 10
+        producer.emit(5, cpu=OTHER_CPU)
+        assert pb.consume() == 5
+        assert pb.consume() == 0
+        with pytest.raises(ValueError):
+            pb.consume_buffer(4096)
+    assert tally.seqs[OTHER_CPU] == list(range(n + 15))
+    assert_exact(producer, tally, n + 15)
+
+
+def test_sync_callback_exception_propagates_and_nothing_is_lost(producer: Producer) -> None:
+    seen: list[int] = []
+
+    def on_sample(event: aperf.Sample) -> None:
+        if seq_of(event.data) == 3 and 3 not in seen:
+            seen.append(-1)
+            raise RuntimeError("boom in callback")
+        seen.append(seq_of(event.data))
+
+    with aperf.PerfBuffer(producer.map, pages=8, on_sample=on_sample) as pb:
+        producer.emit(10, cpu=OTHER_CPU)
+        with pytest.raises(RuntimeError, match="boom in callback"):
+            pb.consume()
+        assert pb.consume() == 6  # the rest, after the failing sample
+    assert seen == [0, 1, 2, -1, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.asyncio
+async def test_async_callback_exception_propagates_out_of_run(producer: Producer) -> None:
+    got: list[int] = []
+
+    async def on_sample(event: aperf.Sample) -> None:
+        await asyncio.sleep(0)
+        if seq_of(event.data) == 5 and not got.count(-1):
+            got.append(-1)
+            raise KeyError("async boom")
+        got.append(seq_of(event.data))
+
+    async with aperf.PerfStream(producer.map, pages=8, on_sample=on_sample) as stream:
+        producer.emit(10, cpu=OTHER_CPU)
+        stream.flush()
+        with pytest.raises(KeyError, match="async boom"):
+            await asyncio.wait_for(stream.run(), 10)
+        runner = asyncio.create_task(stream.run())
+        async with asyncio.timeout(10):
+            while len(got) < 10:
+                await asyncio.sleep(0.01)
+        await stream.aclose()
+        await asyncio.wait_for(runner, 5)
+    assert got == [0, 1, 2, 3, 4, -1, 6, 7, 8, 9]
+
+
+# --- lifecycle ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_close_from_another_task_ends_iteration(producer: Producer) -> None:
+    tally = Tally()
+    async with aperf.PerfStream(producer.map, pages=8) as stream:
+        async def consume() -> None:
+            async for event in stream:
+                tally.add(event)
+
+        consumer = asyncio.create_task(consume())
+        producer.emit(100, cpu=OTHER_CPU)
+        while tally.samples < 100:
+            await asyncio.sleep(0.005)
+        await stream.aclose()
+        await asyncio.wait_for(consumer, 5)  # ends cleanly, no exception
+        await stream.aclose()  # idempotent
+        assert stream.closed
+    assert tally.samples == 100
+
+
+@pytest.mark.asyncio
+async def test_close_from_another_thread(producer: Producer) -> None:
+    async with aperf.PerfStream(producer.map, pages=8) as stream:
+        async def consume() -> int:
+            count = 0
+            async for _ in stream:
+                count += 1
+            return count
+
+        consumer = asyncio.create_task(consume())
+        producer.emit(50, cpu=OTHER_CPU)
+        await asyncio.sleep(0.05)
+        closer = threading.Thread(target=stream.close)
+        closer.start()
+        assert await asyncio.wait_for(consumer, 5) == 50
+        await asyncio.to_thread(closer.join)
+
+
+@pytest.mark.asyncio
+async def test_close_hands_over_what_the_rings_hold(producer: Producer) -> None:
+    stream = aperf.PerfStream(producer.map, pages=8, wakeup=aperf.Wakeup.every(1000, 60))
+    await stream.open()
+    producer.emit(10, cpu=OTHER_CPU)  # below the wakeup threshold, timer far away
+    await stream.aclose()
+    events = [event async for event in stream]
+    assert [seq_of(e.data) for e in events] == list(range(10))
+
+
+@pytest.mark.asyncio
+async def test_cancel_consumer_mid_stream_and_resume(producer: Producer) -> None:
+    n = 20_000
+    tally = Tally()
+    async with aperf.PerfStream(producer.map, pages=BIG) as stream:
+        async def consume(limit: int | None) -> None:
+            async for event in stream:
+                tally.add(event)
+                await asyncio.sleep(0)  # a cancellation point inside the loop body
+                if limit is not None and tally.total >= limit:
+                    await asyncio.sleep(3600)
+
+        thread = producer.spawn(n, size=32, cpu=OTHER_CPU)
+        first = asyncio.create_task(consume(limit=5_000))
+        while tally.total < 5_000:
+            await asyncio.sleep(0.01)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await join(thread)
+        await read_until(stream, tally, n)
+    assert tally.seqs[OTHER_CPU] == list(range(n))
+    assert_exact(producer, tally, n)
+
+
+@pytest.mark.asyncio
+async def test_two_consumers_get_a_busy_error(producer: Producer) -> None:
+    async with aperf.PerfStream(producer.map, pages=8) as stream:
+        async def consume() -> None:
+            async for _ in stream:
+                pass
+
+        first = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        with pytest.raises(aperf.BusyResourceError, match="already reading"):
+            await asyncio.wait_for(consume(), 5)
+        await stream.aclose()
+        await asyncio.wait_for(first, 5)
+
+
+@pytest.mark.asyncio
+async def test_anyio_task_group(producer: Producer) -> None:
+    tally = Tally()
+    async with aperf.PerfStream(producer.map, pages=BIG) as stream:
+        async def consume() -> None:
+            async for event in stream:
+                tally.add(event)
+                if tally.total >= 1000:
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await anyio.to_thread.run_sync(lambda: producer.emit(1000, cpu=OTHER_CPU))
+    assert tally.seqs[OTHER_CPU] == list(range(1000))
+
+
+@pytest.mark.asyncio
+async def test_open_close_100_times_leaves_no_fd(producer: Producer) -> None:
+    async with aperf.PerfStream(producer.map, pages=1):
+        pass
+    before = open_fds()
+    for _ in range(100):
+        async with aperf.PerfStream(producer.map, pages=1) as stream:
+            producer.emit(3, cpu=OTHER_CPU)
+            stream.flush()
+    assert open_fds() == before
+
+
+def test_sync_open_close_100_times_leaves_no_fd(producer: Producer) -> None:
+    with aperf.PerfBuffer(producer.map, pages=1, on_sample=lambda e: None):
+        pass
+    before = open_fds()
+    for _ in range(100):
+        with aperf.PerfBuffer(producer.map, pages=1, on_sample=lambda e: None) as pb:
+            producer.emit(3, cpu=OTHER_CPU)
+            assert pb.consume() == 3
+    assert open_fds() == before
+
+
+# --- sources and bad input -----------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_int_fd_and_pinned_path_sources(producer: Producer, tmp_path: Any) -> None:
+    fd = producer.map.fd
+    async with aperf.PerfStream(fd, pages=8) as stream:
+        producer.emit(5, cpu=OTHER_CPU)
+        stream.flush()
+        assert [seq_of(e.data) async for e in _take(stream, 5)] == list(range(5))
+    if not os.path.ismount("/sys/fs/bpf"):
+        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
+    pin = f"/sys/fs/bpf/aperf_test_{os.getpid()}"
+    map_id = aperf._rings.map_facts(fd).map_id
+    subprocess.run(["bpftool", "map", "pin", "id", str(map_id), pin], check=True)
+    try:
+        async with aperf.PerfStream(pin, pages=8) as stream:
+            producer.emit(5, cpu=OTHER_CPU)
+            stream.flush()
+            assert [seq_of(e.data) async for e in _take(stream, 5)] == list(range(5, 10))
+    finally:
+        os.unlink(pin)
+
+
+async def _take(stream: aperf.PerfStream, count: int) -> Any:
+    taken = 0
+    async for event in stream:
+        yield event
+        taken += 1
+        if taken == count:
+            return
+
+
+@pytest.mark.asyncio
+async def test_bad_sources_and_sizes(producer: Producer) -> None:
+    with pytest.raises(aperf.MapTypeError, match="type 2"):
+        await aperf.PerfStream(producer.object.maps["counters"]).open()
+    with pytest.raises(aperf.MapTypeError, match="type 2"):
+        await aperf.PerfStream(producer.object.maps["counters"].fd).open()
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(aperf.MapTypeError, match="not a BPF map"):
+            await aperf.PerfStream(read_end).open()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    for pages in (3, 0, -4, 6):
+        with pytest.raises(aperf.RingSizeError, match="power of two"):
+            aperf.PerfStream(producer.map, pages=pages)
+    with pytest.raises(aperf.ClosedResourceError):
+        await aperf.PerfStream(99999).open()
+    with pytest.raises(TypeError):
+        aperf.PerfStream(producer.map, wakeup=3)  # type: ignore[arg-type]
+    # The process and the producer are fine afterwards.
+    async with aperf.PerfStream(producer.map, ring_bytes=5000) as stream:
+        assert stream.statistics().ring_bytes == 8192
+        producer.emit(1, cpu=OTHER_CPU)
+        stream.flush()
+        assert [seq_of(e.data) async for e in _take(stream, 1)] == [0]
+
+
+@pytest.mark.asyncio
+async def test_closed_map_and_second_stream(kernel: None) -> None:
+    producer = Producer()
+    async with aperf.PerfStream(producer.map, pages=1):
+        with pytest.raises(aperf.BusyResourceError, match="already feeds"):
+            await aperf.PerfStream(producer.map, pages=1).open()
+        with pytest.raises(aperf.BusyResourceError):
+            aperf.PerfBuffer(producer.map, pages=1, on_sample=print)
+    m = producer.map
+    producer.close()
+    with pytest.raises(aperf.ClosedResourceError, match="closed"):
+        await aperf.PerfStream(m).open()
+
+
+def test_statistics_report_memory(producer: Producer) -> None:
+    with aperf.PerfBuffer(producer.map, pages=16, on_sample=lambda e: None) as pb:
+        stats = pb.statistics()
+        assert stats.ring_bytes == 16 * 4096
+        assert stats.memory_bytes == len(CPUS) * 17 * 4096
+        assert len(stats.cpus) == len(CPUS)
