@@ -3,6 +3,7 @@
 The public API is re-exported here; the modules behind it are private.
 """
 
+from . import decoders as decoders
 from ._errors import AperfError as AperfError
 from ._errors import BrokenRingError as BrokenRingError
 from ._errors import BusyResourceError as BusyResourceError
@@ -34,6 +35,5 @@ from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
 from ._version import libbpf_version as libbpf_version
 from ._version import set_libbpf_verbose as set_libbpf_verbose
-from . import decoders as decoders
 
 __version__ = "0.1.0"

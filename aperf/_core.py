@@ -141,7 +141,7 @@ class StreamCore:
         run: list[bytes] = []
         for item in items:
             if item.__class__ is bytes:
-                run.append(item)  # type: ignore[arg-type]
+                run.append(item)
                 continue
             if run:
                 queue.append(_Chunk(cpu, run, uniform=False))
@@ -200,8 +200,9 @@ class StreamCore:
                 if stop == len(payloads):
                     queue.popleft()
                 self.pending -= stop - start
-                if not self._build(seg, part, out):
-                    break  # a decode failure was queued at the front
+                # A decode failure under "raise" is queued at the front: the next
+                # round raises it, or ends the batch in front of it.
+                self._build(seg, part, out)
                 continue
             if cls is _Failure:
                 if out:
@@ -218,7 +219,8 @@ class StreamCore:
         cpu = chunk.cpu
         decoder = self.decoder
         if decoder is None:
-            out.extend(map(_tuple_new, _repeat(Sample), zip(_repeat(cpu), payloads, _NONES)))
+            rows = zip(_repeat(cpu), payloads, _NONES, strict=False)
+            out.extend(map(_tuple_new, _repeat(Sample), rows))
             return True
         if (
             chunk.uniform
@@ -227,7 +229,8 @@ class StreamCore:
         ):
             # Fixed-size records, all long enough: decode the whole run at C speed.
             values = decoder.decode_many(payloads)
-            out.extend(map(_tuple_new, _repeat(Sample), zip(_repeat(cpu), payloads, values)))
+            rows = zip(_repeat(cpu), payloads, values, strict=False)
+            out.extend(map(_tuple_new, _repeat(Sample), rows))
             return True
         for index, data in enumerate(payloads):
             try:

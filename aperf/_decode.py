@@ -91,7 +91,11 @@ def from_struct(fmt: struct.Struct | str, names: str | list[str] | None = None) 
 
 
 def _is_ctypes_structure(spec: object) -> bool:
-    return isinstance(spec, type) and hasattr(spec, "_fields_") and hasattr(spec, "from_buffer_copy")
+    return (
+        isinstance(spec, type)
+        and hasattr(spec, "_fields_")
+        and hasattr(spec, "from_buffer_copy")
+    )
 
 
 def from_ctypes(cls: type) -> Decoder:
@@ -100,7 +104,7 @@ def from_ctypes(cls: type) -> Decoder:
     ``char`` arrays become ``str`` (cut at NUL), other arrays tuples, nested
     structures named tuples: the same values a BTF decoder gives for the C type.
     """
-    size = memoryview(cls()).nbytes  # type: ignore[call-arg]
+    size = memoryview(cls()).nbytes
     name = cls.__name__
 
     def convert(value: Any) -> Any:
@@ -116,10 +120,10 @@ def from_ctypes(cls: type) -> Decoder:
 
     def record_of(instance: Any) -> Any:
         kind = type(instance)
-        record = records.get(kind)
+        record: Any = records.get(kind)
         names = [f[0] for f in kind._fields_]
         if record is None:
-            record = records[kind] = namedtuple(kind.__name__, names, rename=True)  # type: ignore[misc]
+            record = records[kind] = namedtuple(kind.__name__, names, rename=True)
         return record._make(convert(getattr(instance, n)) for n in names)
 
     def decode(data: bytes) -> Any:
@@ -205,7 +209,8 @@ class _BtfCompiler:
     def _array(self, t: lb.BtfType, offset: int) -> str:
         elem = self.btf.skip_modifiers(t.array_elem)
         count = t.array_len
-        if elem.kind == lb.BTF_KIND_INT and elem.size == 1 and not elem.int_encoding & lb.BTF_INT_BOOL:
+        is_bool = bool(elem.int_encoding & lb.BTF_INT_BOOL)
+        if elem.kind == lb.BTF_KIND_INT and elem.size == 1 and not is_bool:
             raw = self._take(f"{count}s", count)
             return f"_s({raw})" if elem.name == "char" else raw
         elem_size = self.btf.resolve_size(elem.id)
@@ -213,7 +218,8 @@ class _BtfCompiler:
         return "(" + "".join(p + ", " for p in parts) + ")"
 
     def _struct(self, t: lb.BtfType, offset: int) -> str:
-        names, exprs = [], []
+        names: list[str] = []
+        exprs: list[str] = []
         for member in t.members:
             if member.bitfield_size or member.bit_offset % 8:
                 raise TypeError(

@@ -86,7 +86,10 @@ class ObjectStateError(ObjectError):
 
 
 class VerifierError(ObjectError, LibbpfError):
-    """The kernel's verifier rejected a program. ``log`` holds libbpf's and the verifier's output."""
+    """The kernel's verifier rejected a program.
+
+    ``program`` names it; ``log`` holds libbpf's and the verifier's output.
+    """
 
     def __init__(self, path: str, err: int, log: str) -> None:
         LibbpfError.__init__(self, err, "bpf_object__load")

@@ -28,7 +28,7 @@ class Lost(NamedTuple):
     """
 
     cpu: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count on purpose: the contract
 
 
 class BadSample(NamedTuple):

@@ -202,9 +202,8 @@ class BPFObject:
         self._finalizer = weakref.finalize(self, lb.bpf_object__close, self._ptr)
         self.name: str = lb.cstr(lb.bpf_object__name(self._ptr))
         self._maps = _NameTable("map", {m.name: m for m in self._collect_maps()})
-        self._programs = _NameTable(
-            "program", {p.name: p for p in (Program(self, ptr) for ptr in lb.iter_programs(self._ptr))}
-        )
+        programs = [Program(self, ptr) for ptr in lb.iter_programs(self._ptr)]
+        self._programs = _NameTable("program", {p.name: p for p in programs})
 
     def _collect_maps(self) -> list[Map]:
         return [Map(self, ptr) for ptr in lb.iter_maps(self._ptr)]

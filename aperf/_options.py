@@ -105,7 +105,9 @@ class Wakeup:
         try:
             return presets[name]()
         except KeyError:
-            raise ValueError(f"unknown wakeup preset {name!r}; use one of {sorted(presets)}") from None
+            raise ValueError(
+                f"unknown wakeup preset {name!r}; use one of {sorted(presets)}"
+            ) from None
 
     def kernel_settings(self, ring_bytes: int) -> tuple[int, int]:
         """(wakeup_events, wakeup_watermark) for perf_event_attr."""

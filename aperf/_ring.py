@@ -34,7 +34,7 @@ class RingMemoryLike(Protocol):
 class RingReader:
     """Takes the readable span out of one CPU's ring and releases it at once."""
 
-    __slots__ = ("broken", "cpu", "memory", "_mask")
+    __slots__ = ("_mask", "broken", "cpu", "memory")
 
     def __init__(self, cpu: int, memory: RingMemoryLike) -> None:
         size = memory.size
@@ -61,7 +61,8 @@ class RingReader:
         size = self._mask + 1
         if length < 0 or length > size:
             self.broken = BrokenRingError(
-                self.cpu, f"head {head} and tail {tail} are {length} bytes apart in a {size}-byte ring"
+                self.cpu,
+                f"head {head} and tail {tail} are {length} bytes apart in a {size}-byte ring",
             )
             raise self.broken
         start = tail & self._mask
@@ -166,7 +167,7 @@ class FakeRingMemory:
         return self.head, self.tail
 
     def copy(self, offset: int, length: int) -> bytes:
-        assert 0 <= offset and offset + length <= self.size, "read out of the ring's bounds"
+        assert offset >= 0 and offset + length <= self.size, "read out of the ring's bounds"
         return bytes(self.data[offset : offset + length])
 
     def set_tail(self, tail: int) -> None:

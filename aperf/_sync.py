@@ -64,7 +64,7 @@ class PerfBuffer:
                 memory_bytes=self._rings.memory_bytes,
             )
             self._epoll = select.epoll()
-            for cpu, fd in self._rings.fds.items():
+            for fd in self._rings.fds.values():
                 self._epoll.register(fd, select.EPOLLIN)
             self._cpu_of_fd = {fd: cpu for cpu, fd in self._rings.fds.items()}
         except BaseException:

@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from ._object import BPFObject, Map
 from ._ring import FakeRingMemory, encode_lost, encode_sample
@@ -96,7 +97,9 @@ class Producer:
         """The perf event array the samples go to (``samples``)."""
         return self._obj.maps["samples"]
 
-    def emit(self, count: int, *, size: int = 32, cpu: int = 0, first_seq: int | None = None) -> int:
+    def emit(
+        self, count: int, *, size: int = 32, cpu: int = 0, first_seq: int | None = None
+    ) -> int:
         """Emit ``count`` samples of ``size`` bytes on ``cpu``; returns the first sequence number.
 
         Blocks the calling thread (not the GIL) while the kernel runs the program,
@@ -160,5 +163,5 @@ class Producer:
     def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()

@@ -60,7 +60,9 @@ class Tally:
         return self.samples + sum(self.lost.values())
 
 
-async def read_until(stream: aperf.PerfStream, tally: Tally, total: int, timeout: float = 20) -> None:
+async def read_until(
+    stream: aperf.PerfStream, tally: Tally, total: int, timeout: float = 20
+) -> None:
     async def consume() -> None:
         async for event in stream:
             tally.add(event)

@@ -11,8 +11,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from .._errors import ClosedResourceError
+from .._errors import ClosedResourceError, LibbpfError
 from . import _binding as c
 
 # --- libbpf's log -----------------------------------------------------------------
@@ -43,8 +44,7 @@ def _format(fmt: bytes, args: int | None) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
-@c.PRINT_FN
-def _print_callback(level: int, fmt: bytes, args: int | None) -> int:
+def _print_message(level: int, fmt: bytes, args: int | None) -> int:
     try:
         if level == LIBBPF_DEBUG and not _verbose and _log_state.capture is None:
             return 0
@@ -58,6 +58,9 @@ def _print_callback(level: int, fmt: bytes, args: int | None) -> int:
     except BaseException as exc:  # parked, re-raised by the C call's errcheck
         c.park_callback_error(exc)
     return 0
+
+
+_print_callback = c.PRINT_FN(_print_message)
 
 
 def install_print() -> None:
@@ -283,7 +286,7 @@ class Btf:
     def find(self, name: str, kind: int) -> int | None:
         try:
             return int(c.btf__find_by_name_kind(self._ptr, name.encode(), kind))
-        except c.LibbpfError:
+        except LibbpfError:
             return None
 
     def type_count(self) -> int:
@@ -302,7 +305,7 @@ class Btf:
         vlen = info & 0xFFFF
         kind_flag = bool(info >> 31)
         extra = base + 12
-        common = {
+        common: dict[str, Any] = {
             "id": type_id,
             "kind": kind,
             "name": self._name(name_off),
@@ -422,11 +425,13 @@ class _perf_buffer_raw_opts(ctypes.Structure):
     )
 
 
-@c.PERF_EVENT_FN
-def _unused_event_callback(ctx: int | None, cpu: int, event: int | None) -> int:
+def _ignore_event(ctx: int | None, cpu: int, event: int | None) -> int:
     # aperf never asks libbpf to consume (it reads the rings itself), so libbpf
     # never calls this; perf_buffer__new_raw just needs a valid pointer.
     return 0
+
+
+_unused_event_callback = c.PERF_EVENT_FN(_ignore_event)
 
 
 class RingMemory:

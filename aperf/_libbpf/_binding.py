@@ -182,7 +182,8 @@ def version() -> tuple[int, int]:
 
 def version_string() -> str:
     raw = libbpf_version_string()
-    return raw.decode() if raw else "v%d.%d" % version()
+    major, minor = version()
+    return raw.decode() if raw else f"v{major}.{minor}"
 
 
 c_int_p = ctypes.POINTER(ctypes.c_int)

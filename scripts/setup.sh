@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prepare this machine for aperf (idempotent; run as root):
+#   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc
+#   - Python packages: aperf itself (editable) with its test and service extras
+#   - tracefs and bpffs mounted
+#   - the BPF objects built (bpf/*.bpf.o, and the shipped ones in aperf/_objects/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+APT_PACKAGES=(clang llvm libbpf-dev libbpf1 bpftool make gcc)
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "aperf setup: run as root (BPF needs it, and so do apt-get and mount)" >&2
+    exit 1
+fi
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "aperf setup: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+"$PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test,service]'
+
+if [ ! -d /sys/kernel/tracing/events ]; then
+    mount -t tracefs tracefs /sys/kernel/tracing
+fi
+if ! mountpoint -q /sys/fs/bpf; then
+    mount -t bpf bpf /sys/fs/bpf
+fi
+
+make -s -C bpf

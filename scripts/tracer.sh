@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install what is needed on a fresh machine, then start the exec/exit tracer.
+# Arguments go to the tracer (e.g. -d 50, --json); Ctrl-C stops it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec "${PYTHON:-python3}" -m examples.bootstrap_legacy "$@"

@@ -1,0 +1,215 @@
+"""Typed samples: BTF, ctypes and struct decoders; decode errors; batches."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import enum
+import os
+import struct
+from typing import Any
+
+import pytest
+
+import aperf
+from aperf import _libbpf as lb
+from aperf.testing import Producer, object_path
+
+pytestmark = pytest.mark.usefixtures("kernel")
+CPU = sorted(os.sched_getaffinity(0))[-1]
+
+
+class Head(ctypes.Structure):
+    _fields_ = (("seq", ctypes.c_uint64), ("ts", ctypes.c_uint64))
+
+
+class TooLong(ctypes.Structure):
+    _fields_ = (("seq", ctypes.c_uint64), ("rest", ctypes.c_uint8 * 56))
+
+
+def test_btf_decoding_of_every_supported_kind() -> None:
+    with aperf.BPFObject(object_path("kinds")) as obj:
+        obj.load()
+        samples: list[aperf.Sample] = []
+        with aperf.PerfBuffer(
+            obj.maps["samples"], pages=1, decoder="kinds", on_sample=samples.append
+        ) as pb:
+            lb.test_run_on_cpu(obj.programs["emit_kinds"].fd, CPU)
+            assert pb.consume() == 1
+    (sample,) = samples
+    assert len(sample.data) == 124  # padded; the decoder reads its own 120 bytes
+    k = sample.value
+    assert (k.u8, k.s8, k.u16, k.s16) == (255, -128, 65535, -32768)
+    assert (k.u32, k.s32) == (2**32 - 1, -(2**31))
+    assert (k.u64, k.s64) == (2**64 - 1, -(2**63))
+    assert k.flag is True
+    assert isinstance(k.color, enum.IntEnum) and k.color.name == "BLUE" and k.color == 4
+    assert k.name == "hello"
+    assert k.raw == "a\ufffd\ufffdb"  # cut at the first NUL, invalid UTF-8 replaced
+    assert k.arr == (1, 2, 3, 4)
+    assert (k.where.x, k.where.y) == (-5, 7)
+    assert [(p.x, p.y) for p in k.pts] == [(1, 2), (3, 4)]
+    assert k.matrix == ((1, 2, 3), (4, 5, 6))
+    assert type(k).__name__ == "kinds" and "name='hello'" in repr(k)
+    with pytest.raises(AttributeError):
+        k.u8 = 1  # immutable
+    assert k._asdict()["s64"] == -(2**63)
+
+
+def test_unknown_btf_struct_lists_known_ones() -> None:
+    with aperf.BPFObject(object_path("kinds")) as obj, pytest.raises(
+        aperf.UnknownNameError, match="kinds"
+    ):
+        aperf.decoders.from_btf(obj, "struct nope")
+
+
+def test_btf_name_needs_an_object_map(producer: Producer) -> None:
+    with pytest.raises(TypeError, match="from_btf"):
+        aperf.PerfStream(producer.map.fd, decoder="kinds")
+
+
+@pytest.mark.asyncio
+async def test_ctypes_and_struct_decoders_agree(producer: Producer) -> None:
+    reference = aperf.decoders.from_ctypes(Head)
+    for name, decoder in [
+        ("ctypes", Head),
+        ("struct", struct.Struct("<QQ")),
+        ("format", "<QQ"),
+        ("named", aperf.decoders.from_struct("<QQ", names="seq ts")),
+        ("callable", lambda data: struct.unpack_from("<QQ", data)),
+    ]:
+        async with aperf.PerfStream(producer.map, pages=64, decoder=decoder) as stream:
+            producer.emit(1000, size=32, cpu=CPU, first_seq=0)
+            stream.flush()
+            seqs = []
+            async for event in stream:
+                # Every decoder's value equals every other's on the same bytes
+                # (named tuples compare equal to plain tuples).
+                assert event.value == reference(event.data), name
+                assert event.value == struct.unpack_from("<QQ", event.data), name
+                seqs.append(event.value[0])
+                if len(seqs) == 1000:
+                    break
+        assert seqs == list(range(1000)), name
+
+
+@pytest.mark.asyncio
+async def test_decoder_longer_than_the_sample_yields_error_items(producer: Producer) -> None:
+    async with aperf.PerfStream(producer.map, pages=64, decoder=TooLong) as stream:
+        producer.emit(10, size=32, cpu=CPU)
+        stream.flush()
+        events = [e async for e in _take(stream, 10)]
+        assert all(isinstance(e, aperf.BadSample) for e in events)
+        bad = events[0]
+        assert bad.cpu == CPU and len(bad.data) == 36
+        assert isinstance(bad.error, aperf.DecodeError) and "64 bytes" in str(bad.error)
+        assert stream.statistics().decode_errors == 10
+        # The stream keeps running.
+        producer.emit(1, size=64, cpu=CPU)
+        stream.flush()
+        (good,) = [e async for e in _take(stream, 1)]
+        assert isinstance(good, aperf.Sample) and good.value.seq == 10
+
+
+@pytest.mark.asyncio
+async def test_raise_and_skip_policies(producer: Producer) -> None:
+    async with aperf.PerfStream(
+        producer.map, pages=64, decoder=TooLong, decode_errors="raise"
+    ) as stream:
+        for size in (32, 64, 32, 64):
+            producer.emit(1, size=size, cpu=CPU)
+        stream.flush()
+        outcomes = []
+        for _ in range(4):
+            try:
+                event = await asyncio.wait_for(anext(stream), 5)
+                outcomes.append(event.value.seq)
+            except aperf.DecodeError as exc:
+                outcomes.append(("error", len(exc.data)))
+        assert outcomes == [("error", 36), 1, ("error", 36), 3]
+        assert stream.statistics().decode_errors == 2
+    async with aperf.PerfStream(
+        producer.map, pages=64, decoder=TooLong, decode_errors="skip"
+    ) as stream:
+        for size in (32, 64, 32, 64):
+            producer.emit(1, size=size, cpu=CPU)
+        stream.flush()
+        assert [e.value.seq async for e in _take(stream, 2)] == [5, 7]
+        assert stream.statistics().decode_errors == 2
+
+
+def test_every_size_against_a_16_byte_type(producer: Producer) -> None:
+    events: list[Any] = []
+    with aperf.PerfBuffer(
+        producer.map, pages=8, decoder=Head, on_sample=events.append,
+        on_decode_error=events.append,
+    ) as pb:
+        for size in range(1, 65):
+            producer.emit(1, size=size, cpu=CPU)
+        assert pb.consume() == 64
+        stats = pb.statistics()
+    for size, event in zip(range(1, 65), events, strict=True):
+        padded = ((size + 4 + 7) & ~7) - 4
+        if padded >= 16:
+            assert isinstance(event, aperf.Sample), size
+            # below 16 bytes of real data the rest is zero from the producer...
+            assert event.value.seq == size - 1
+        else:
+            assert isinstance(event, aperf.BadSample), size
+            assert len(event.data) == padded
+    assert stats.decode_errors == sum(1 for s in range(1, 65) if ((s + 11) & ~7) - 4 < 16)
+
+
+@pytest.mark.asyncio
+async def test_batches_match_per_item_iteration(producer: Producer) -> None:
+    n = 30_000
+    decoder = struct.Struct("<QQ")
+    runs: dict[str, list[tuple[int, int]]] = {}
+    for mode in ("items", "batches", "on_batch"):
+        seen: list[tuple[int, int]] = []
+        done = asyncio.Event()
+
+        def on_batch(batch: list[Any], seen: list[tuple[int, int]] = seen,
+                     done: asyncio.Event = done) -> None:
+            seen.extend((e.cpu, e.value[0]) for e in batch)
+            if len(seen) >= n:
+                done.set()
+
+        async with aperf.PerfStream(
+            producer.map, pages=1024, decoder=decoder,
+            on_batch=on_batch if mode == "on_batch" else None,
+        ) as stream:
+            thread = producer.spawn(n, size=32, cpu=CPU)
+            # first_seq restarts so all runs see the same sequence numbers
+            if mode == "items":
+                async for event in stream:
+                    seen.append((event.cpu, event.value[0]))
+                    if len(seen) == n:
+                        break
+            elif mode == "batches":
+                sizes = []
+                async for batch in stream.batches(max_items=1000):
+                    sizes.append(len(batch))
+                    seen.extend((e.cpu, e.value[0]) for e in batch)
+                    if len(seen) == n:
+                        break
+                assert max(sizes) <= 1000
+            else:
+                runner = asyncio.create_task(stream.run())
+                await asyncio.wait_for(done.wait(), 20)
+                await stream.aclose()
+                await runner
+            await asyncio.to_thread(thread.join)
+        runs[mode] = [(cpu, seq % n) for cpu, seq in seen]
+    assert runs["items"] == [(CPU, i) for i in range(n)]
+    assert runs["batches"] == runs["items"]
+    assert runs["on_batch"] == runs["items"]
+
+
+async def _take(stream: aperf.PerfStream, count: int) -> Any:
+    taken = 0
+    async for event in stream:
+        yield event
+        taken += 1
+        if taken == count:
+            return
