@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,13 @@ def producer(kernel: None) -> Iterator[object]:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+async def take(stream: Any, count: int) -> AsyncIterator[Any]:
+    """The next ``count`` events of an open stream."""
+    taken = 0
+    async for event in stream:
+        yield event
+        taken += 1
+        if taken == count:
+            return

@@ -15,6 +15,8 @@ import aperf
 from aperf import _libbpf as lb
 from aperf.testing import Producer, object_path
 
+from .conftest import take
+
 pytestmark = pytest.mark.usefixtures("kernel")
 CPU = sorted(os.sched_getaffinity(0))[-1]
 
@@ -98,7 +100,7 @@ async def test_decoder_longer_than_the_sample_yields_error_items(producer: Produ
     async with aperf.PerfStream(producer.map, pages=64, decoder=TooLong) as stream:
         producer.emit(10, size=32, cpu=CPU)
         stream.flush()
-        events = [e async for e in _take(stream, 10)]
+        events = [e async for e in take(stream, 10)]
         assert all(isinstance(e, aperf.BadSample) for e in events)
         bad = events[0]
         assert bad.cpu == CPU and len(bad.data) == 36
@@ -107,7 +109,7 @@ async def test_decoder_longer_than_the_sample_yields_error_items(producer: Produ
         # The stream keeps running.
         producer.emit(1, size=64, cpu=CPU)
         stream.flush()
-        (good,) = [e async for e in _take(stream, 1)]
+        (good,) = [e async for e in take(stream, 1)]
         assert isinstance(good, aperf.Sample) and good.value.seq == 10
 
 
@@ -134,7 +136,7 @@ async def test_raise_and_skip_policies(producer: Producer) -> None:
         for size in (32, 64, 32, 64):
             producer.emit(1, size=size, cpu=CPU)
         stream.flush()
-        assert [e.value.seq async for e in _take(stream, 2)] == [5, 7]
+        assert [e.value.seq async for e in take(stream, 2)] == [5, 7]
         assert stream.statistics().decode_errors == 2
 
 
@@ -204,12 +206,3 @@ async def test_batches_match_per_item_iteration(producer: Producer) -> None:
     assert runs["items"] == [(CPU, i) for i in range(n)]
     assert runs["batches"] == runs["items"]
     assert runs["on_batch"] == runs["items"]
-
-
-async def _take(stream: aperf.PerfStream, count: int) -> Any:
-    taken = 0
-    async for event in stream:
-        yield event
-        taken += 1
-        if taken == count:
-            return

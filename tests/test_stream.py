@@ -19,7 +19,7 @@ import pytest
 import aperf
 from aperf.testing import Producer
 
-from .conftest import open_fds
+from .conftest import open_fds, take
 
 pytestmark = pytest.mark.usefixtures("kernel")
 BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
@@ -417,7 +417,7 @@ async def test_int_fd_and_pinned_path_sources(producer: Producer, tmp_path: Any)
     async with aperf.PerfStream(fd, pages=8) as stream:
         producer.emit(5, cpu=OTHER_CPU)
         stream.flush()
-        assert [seq_of(e.data) async for e in _take(stream, 5)] == list(range(5))
+        assert [seq_of(e.data) async for e in take(stream, 5)] == list(range(5))
     if not os.path.ismount("/sys/fs/bpf"):
         subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
     pin = f"/sys/fs/bpf/aperf_test_{os.getpid()}"
@@ -427,18 +427,9 @@ async def test_int_fd_and_pinned_path_sources(producer: Producer, tmp_path: Any)
         async with aperf.PerfStream(pin, pages=8) as stream:
             producer.emit(5, cpu=OTHER_CPU)
             stream.flush()
-            assert [seq_of(e.data) async for e in _take(stream, 5)] == list(range(5, 10))
+            assert [seq_of(e.data) async for e in take(stream, 5)] == list(range(5, 10))
     finally:
         os.unlink(pin)
-
-
-async def _take(stream: aperf.PerfStream, count: int) -> Any:
-    taken = 0
-    async for event in stream:
-        yield event
-        taken += 1
-        if taken == count:
-            return
 
 
 @pytest.mark.asyncio
@@ -466,7 +457,7 @@ async def test_bad_sources_and_sizes(producer: Producer) -> None:
         assert stream.statistics().ring_bytes == 8192
         producer.emit(1, cpu=OTHER_CPU)
         stream.flush()
-        assert [seq_of(e.data) async for e in _take(stream, 1)] == [0]
+        assert [seq_of(e.data) async for e in take(stream, 1)] == [0]
 
 
 @pytest.mark.asyncio
