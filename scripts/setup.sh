@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Prepare this machine for aperf (idempotent; run as root):
 #   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc
-#   - Python packages: aperf itself (editable) with its test and service extras
+#   - Python packages, in .venv: aperf itself (editable) with its test and service extras
 #   - tracefs and bpffs mounted
 #   - the BPF objects built (bpf/*.bpf.o, and the shipped ones in aperf/_objects/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
 APT_PACKAGES=(clang llvm libbpf-dev libbpf1 bpftool make gcc)
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -26,7 +25,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-"$PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[test,service]'
+# A virtual environment of the checkout's own (.venv), so that nothing else on the
+# machine is changed and two checkouts do not fight over one editable install.
+if [ ! -x .venv/bin/python ]; then
+    "${BASE_PYTHON:-python3}" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
 
 if [ ! -d /sys/kernel/tracing/events ]; then
     mount -t tracefs tracefs /sys/kernel/tracing

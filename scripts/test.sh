@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-PYTHON=${PYTHON:-python3}
+PYTHON=.venv/bin/python
 
 "$PYTHON" -m ruff check aperf tests examples bench
 "$PYTHON" -m mypy aperf

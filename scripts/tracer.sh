@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m examples.bootstrap_legacy "$@"
+exec .venv/bin/python -m examples.bootstrap_legacy "$@"
