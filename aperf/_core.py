@@ -23,7 +23,7 @@ import structlog
 from ._decode import SizedDecoder
 from ._errors import BrokenRingError, DecodeError
 from ._events import BadSample, CpuStatistics, Lost, Sample, StreamStatistics, _Failure
-from ._ring import RingReader, split_records
+from ._ring import RingReader, split_span
 
 log = structlog.get_logger("aperf")
 
@@ -117,7 +117,7 @@ class StreamCore:
             span = reader.take()
             if not span:
                 return 0
-            payloads, other, lost_seen, uniform = split_records(cpu, span)
+            segments, other = split_span(cpu, span)
         except BrokenRingError as exc:
             reader.broken = exc
             self.readers.pop(cpu, None)
@@ -127,33 +127,26 @@ class StreamCore:
         counters = self.counters[cpu]
         counters[_BYTES] += len(span)
         counters[_OTHER] += other
-        if not lost_seen:
-            if payloads:
-                self.queue.append(_Chunk(cpu, payloads, uniform))  # type: ignore[arg-type]
-                counters[_SAMPLES] += len(payloads)
-                self.pending += len(payloads)
-            return len(payloads)
-        return self._enqueue_mixed(cpu, payloads, counters)
-
-    def _enqueue_mixed(self, cpu: int, items: list[bytes | int], counters: list[int]) -> int:
-        """Samples interleaved with lost counts: chunks between the Lost notices."""
         queue = self.queue
-        run: list[bytes] = []
-        for item in items:
-            if item.__class__ is bytes:
-                run.append(item)
-                continue
-            if run:
-                queue.append(_Chunk(cpu, run, uniform=False))
-                run = []
-            queue.append(Lost(cpu, item))  # type: ignore[arg-type]
-            counters[_LOST] += item  # type: ignore[operator]
-        if run:
-            queue.append(_Chunk(cpu, run, uniform=False))
-        samples = sum(1 for item in items if item.__class__ is bytes)
-        counters[_SAMPLES] += samples
-        self.pending += len(items)
-        return len(items)
+        added = 0
+        for segment in segments:
+            if isinstance(segment, int):
+                queue.append(Lost(cpu, segment))
+                counters[_LOST] += segment
+                added += 1
+            else:
+                payloads, uniform = segment
+                queue.append(_Chunk(cpu, payloads, uniform))
+                counters[_SAMPLES] += len(payloads)
+                added += len(payloads)
+        self.pending += added
+        return added
+
+    def detach_rings(self) -> None:
+        """Forget the rings (before they are freed); queued events stay available."""
+        self.readers = {}
+        self.stalled.clear()
+        self.paused = False
 
     def push_failure(self, exc: BaseException) -> None:
         """Queue an exception, in order, for the consumer to raise when it gets there."""

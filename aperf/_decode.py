@@ -10,6 +10,7 @@ at C speed, equal to plain tuples, and ``_asdict()`` for JSON.
 from __future__ import annotations
 
 import enum
+import itertools
 import keyword
 import re
 import struct
@@ -40,12 +41,17 @@ class SizedDecoder:
     """A decoder of fixed-size records: ``size`` bytes unpacked by ``fmt``, then built."""
 
     def __init__(
-        self, name: str, fmt: struct.Struct, build: Callable[[tuple[Any, ...]], Any] | None
+        self,
+        name: str,
+        fmt: struct.Struct,
+        build: Callable[[tuple[Any, ...]], Any] | None,
+        build_many: Callable[[list[bytes]], list[Any]] | None = None,
     ) -> None:
         self.name = name
         self.size = fmt.size
         self.struct = fmt
         self.build = build
+        self._build_many = build_many
         unpack_from = fmt.unpack_from
         size = fmt.size
         if build is None:
@@ -65,6 +71,8 @@ class SizedDecoder:
 
     def decode_many(self, payloads: list[bytes]) -> list[Any]:
         """Decode payloads already known to be long enough, at C speed where possible."""
+        if self._build_many is not None:
+            return self._build_many(payloads)
         unpacked = map(self.struct.unpack_from, payloads)
         return list(unpacked if self.build is None else map(self.build, unpacked))
 
@@ -148,7 +156,8 @@ class _BtfCompiler:
         self.fmt: list[str] = []
         self.fields = 0  # how many values the flat format yields so far
         self.pos = 0  # byte position the format has reached
-        self.env: dict[str, Any] = {"_s": c_string}
+        self.env: dict[str, Any] = {"_s": c_string, "_tn": tuple.__new__}
+        self.last_record = ""
 
     def _pad_to(self, offset: int) -> None:
         if offset > self.pos:
@@ -212,7 +221,10 @@ class _BtfCompiler:
         is_bool = bool(elem.int_encoding & lb.BTF_INT_BOOL)
         if elem.kind == lb.BTF_KIND_INT and elem.size == 1 and not is_bool:
             raw = self._take(f"{count}s", count)
-            return f"_s({raw})" if elem.name == "char" else raw
+            if elem.name != "char":
+                return raw
+            # c_string() inlined: a function call per field costs more than the work.
+            return f"{raw}.partition(b'\\0')[0].decode('utf-8', 'replace')"
         elem_size = self.btf.resolve_size(elem.id)
         parts = [self.compile(elem.id, offset + i * elem_size) for i in range(count)]
         return "(" + "".join(p + ", " for p in parts) + ")"
@@ -231,7 +243,9 @@ class _BtfCompiler:
         record = namedtuple(t.name or "anon", names, rename=True)  # type: ignore[misc]
         name = f"_rec{len(self.env)}"
         self.env[name] = record
-        return f"{name}({', '.join(exprs)})"
+        self.last_record = name  # the outermost struct is compiled last
+        # tuple.__new__ straight away: a named tuple's own __new__ is a Python call.
+        return f"_tn({name}, ({''.join(e + ', ' for e in exprs)}))"
 
 
 def from_btf(obj: Any, type_name: str) -> SizedDecoder:
@@ -256,8 +270,21 @@ def from_btf(obj: Any, type_name: str) -> SizedDecoder:
     compiler = _BtfCompiler(btf)
     expr = compiler.compile(type_id, 0)
     packed = struct.Struct("<" + "".join(compiler.fmt))
-    build = eval(f"lambda t: {expr}", compiler.env)  # generated from BTF names only
-    return SizedDecoder(f"struct {name}", packed, build)
+    env = dict(compiler.env, _unpack=packed.unpack_from, _map=map, _repeat=itertools.repeat)
+    # Generated from BTF names and counts only. When every field maps straight
+    # across (no strings, enums or nesting), records are made from the unpacked
+    # tuples with no per-record Python code at all.
+    fields = "".join(f"t[{i}], " for i in range(compiler.fields))
+    build = eval(f"lambda t: {expr}", env)
+    if expr == f"_tn({compiler.last_record}, ({fields}))":
+        record = env[compiler.last_record]
+        many = eval(
+            "lambda payloads: list(_map(_tn, _repeat(_record), _map(_unpack, payloads)))",
+            dict(env, _record=record),
+        )
+    else:
+        many = eval(f"lambda payloads: [{expr} for t in _map(_unpack, payloads)]", env)
+    return SizedDecoder(f"struct {name}", packed, build, many)
 
 
 def resolve_decoder(spec: DecoderSpec, source: object) -> Decoder | None:

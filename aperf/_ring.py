@@ -75,47 +75,47 @@ class RingReader:
         return span
 
 
-def uniform_sample_size(span: bytes) -> int:
-    """If ``span`` is only PERF_RECORD_SAMPLEs with identical headers, their raw size; else -1.
+Segment = tuple[list[bytes], bool] | int
+"""A run of sample payloads (and whether they all have one size), or a lost count."""
 
-    The common case (one BPF program emitting one struct) is then parsed at C
-    speed: the header and raw-size bytes are compared column by column with
-    strided slices, and payloads cut out with ``struct.iter_unpack``.
+
+def _uniform_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+    """End of the run of identical sample records starting at ``pos``.
+
+    ``pos`` if fewer than two records are in line, -1 if they are not identical.
+
+    The run stops in front of the first lost record, found by a C-speed search
+    of the type bytes at every ``size`` stride; the 12 header and raw-size bytes
+    of the whole run are then compared column by column with strided slices.
     """
-    end = len(span)
-    if end < 12:
-        return -1
-    kind, _misc, size = _HEADER.unpack_from(span, 0)
-    if kind != PERF_RECORD_SAMPLE or size < 12 or end % size:
-        return -1
-    count = end // size
-    for column in range(12):
-        if span[column::size] != span[column : column + 1] * count:
+    lost_at = span[pos:end:size].find(PERF_RECORD_LOST.to_bytes(1, "little"))
+    count = (end - pos) // size if lost_at < 0 else lost_at
+    if count < 2:
+        return pos
+    stop = pos + count * size
+    for column in range(pos, pos + 12):
+        if span[column:stop:size] != span[column : column + 1] * count:
             return -1
-    raw = _RAW_SIZE.unpack_from(span, 8)[0]
-    return raw if 12 + raw <= size else -1
+    return stop
 
 
-def split_records(cpu: int, span: bytes) -> tuple[list[bytes | int], int, bool, bool]:
-    """Parse a span into raw sample payloads (``bytes``) and lost counts (``int``), in order.
+def split_span(cpu: int, span: bytes) -> tuple[list[Segment], int]:
+    """Parse a span into segments, in ring order, and count the other records (skipped).
 
-    Returns the items, the number of records of other types (skipped), whether
-    any lost count is among the items, and whether all samples have one size.
-    Raises :class:`BrokenRingError` on a record that does not fit.
+    A segment is a list of sample payloads (``bytes``, each as the kernel padded
+    it) with a flag saying they all have one size, or a lost count (``int``).
+    Runs of identical sample records, the common case of one program emitting
+    one struct, are cut out at C speed with ``struct.iter_unpack``, also between
+    lost records. Raises :class:`BrokenRingError` on a record that does not fit.
     """
-    raw = uniform_sample_size(span)
-    if raw >= 0:
-        record = _HEADER.unpack_from(span, 0)[2]
-        cut = struct.Struct(f"12x{raw}s{record - 12 - raw}x")
-        return [payload for (payload,) in cut.iter_unpack(span)], 0, False, True
-    items: list[bytes | int] = []
+    segments: list[Segment] = []
     other = 0
-    lost_seen = False
     end = len(span)
     pos = 0
+    single: list[bytes] | None = None  # samples parsed one at a time
+    fast = True  # cleared for the rest of the span once a run fails to verify
     unpack_header = _HEADER.unpack_from
     unpack_raw = _RAW_SIZE.unpack_from
-    append = items.append
     while pos < end:
         if end - pos < HEADER_SIZE:
             raise BrokenRingError(cpu, f"{end - pos} trailing bytes are shorter than a header")
@@ -123,19 +123,42 @@ def split_records(cpu: int, span: bytes) -> tuple[list[bytes | int], int, bool, 
         if size < HEADER_SIZE or pos + size > end:
             raise BrokenRingError(cpu, f"record at byte {pos} claims size {size} of {end - pos}")
         if kind == PERF_RECORD_SAMPLE:
+            if size < 12:
+                raise BrokenRingError(cpu, f"sample at byte {pos} is only {size} bytes")
             raw = unpack_raw(span, pos + 8)[0]
             if 12 + raw > size:
                 raise BrokenRingError(cpu, f"sample at byte {pos} claims {raw} raw bytes in {size}")
-            append(span[pos + 12 : pos + 12 + raw])
+            if fast:
+                stop = _uniform_run_end(span, pos, size, end)
+                if stop > pos:
+                    cut = struct.Struct(f"12x{raw}s{size - 12 - raw}x")
+                    payloads = [p for (p,) in cut.iter_unpack(span[pos:stop])]
+                    if single is not None:
+                        segments.append((single, False))
+                        single = None
+                    segments.append((payloads, True))
+                    pos = stop
+                    continue
+                # A failed check is not retried record by record (that would be
+                # quadratic); the next lost record starts a fresh attempt.
+                fast = stop == pos
+            if single is None:
+                single = []
+            single.append(span[pos + 12 : pos + 12 + raw])
         elif kind == PERF_RECORD_LOST:
             if size < 24:
                 raise BrokenRingError(cpu, f"lost record at byte {pos} is only {size} bytes")
-            append(_LOST_COUNT.unpack_from(span, pos + 16)[0])
-            lost_seen = True
+            if single is not None:
+                segments.append((single, False))
+                single = None
+            segments.append(_LOST_COUNT.unpack_from(span, pos + 16)[0])
+            fast = True
         else:
             other += 1
         pos += size
-    return items, other, lost_seen, False
+    if single is not None:
+        segments.append((single, False))
+    return segments, other
 
 
 def encode_sample(payload: bytes) -> bytes:

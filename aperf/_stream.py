@@ -170,6 +170,7 @@ class PerfStream:
                 watcher.stop()  # 2. no loop callback may touch the rings from now on
             if core is not None:
                 core.drain_all(force=True)
+                core.detach_rings()  # freed next: nothing may read them again
         finally:
             try:
                 if rings is not None:
@@ -204,7 +205,7 @@ class PerfStream:
         if core is None or self._closed or self._loop is None:
             return
         try:
-            added = 0 if core.full else core.drain_all()
+            added = core.drain_all()  # when full, this marks the rings stalled
         except Exception as exc:
             core.push_failure(exc)
             added = 1

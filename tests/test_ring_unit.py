@@ -8,7 +8,7 @@ import pytest
 
 import aperf
 from aperf._core import StreamCore
-from aperf._ring import RingReader, split_records
+from aperf._ring import RingReader, split_span
 from aperf.testing import FakeRingMemory, encode_lost, encode_sample
 
 
@@ -23,23 +23,22 @@ def test_record_wrapping_the_ring_end_is_reassembled() -> None:
     assert memory.tail % 256 + len(wrapping) > 256
     span = reader.take()
     assert span == wrapping
-    items, other, lost_seen, uniform = split_records(0, span)
-    assert items == [bytes(range(60)) + b"\0" * 0]
-    assert (other, lost_seen, uniform) == (0, False, True)
+    segments, other = split_span(0, span)
+    assert segments == [([bytes(range(60))], False)] and other == 0
     assert memory.tail == memory.head
 
 
 def test_samples_lost_and_other_records_in_order() -> None:
     other_record = struct.pack("<IHH", 3, 0, 16) + b"\0" * 8  # PERF_RECORD_COMM-ish
     span = encode_sample(b"one") + encode_lost(7) + other_record + encode_sample(b"two!")
-    items, other, lost_seen, uniform = split_records(0, span)
-    assert items == [b"one\0", 7, b"two!"]
-    assert other == 1 and lost_seen and not uniform
+    segments, other = split_span(0, span)
+    assert segments == [([b"one\0"], False), 7, ([b"two!"], False)]
+    assert other == 1
 
 
 def test_padding_rule() -> None:
     for size, seen in [(32, 36), (168, 172), (13, 20), (1, 4), (4096, 4100)]:
-        (payload,), *_ = split_records(0, encode_sample(b"x" * size))
+        [([payload], _)], _ = split_span(0, encode_sample(b"x" * size))
         assert len(payload) == seen
 
 
@@ -55,7 +54,48 @@ def test_padding_rule() -> None:
 )
 def test_corrupt_header_raises_broken_ring(bad: bytes) -> None:
     with pytest.raises(aperf.BrokenRingError):
-        split_records(3, encode_sample(b"ok") + bad)
+        split_span(3, encode_sample(b"ok") + bad)
+
+
+def test_runs_between_lost_records_and_mixed_sizes() -> None:
+    same = [encode_sample(struct.pack("<Q", i)) for i in range(5)]
+    span = b"".join(same[:3]) + encode_lost(9) + b"".join(same[3:]) + encode_sample(b"x" * 30)
+    segments, other = split_span(0, span)
+    payloads = [struct.pack("<Q", i) + b"\0" * 4 for i in range(5)]
+    odd = b"x" * 30 + b"\0" * 6  # padded to round_up(30 + 4, 8) - 4
+    assert segments[:2] == [(payloads[:3], True), 9]
+    # However the rest is cut, the payloads come out in ring order.
+    flat = [p for seg in segments if not isinstance(seg, int) for p in seg[0]]
+    assert flat == [*payloads, odd]
+    assert other == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_split_matches_record_by_record_parsing(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    records, expected = [], []
+    for _ in range(rng.randrange(1, 60)):
+        if rng.random() < 0.1:
+            count = rng.randrange(1, 1000)
+            records.append(encode_lost(count))
+            expected.append(count)
+        else:
+            payload = bytes(rng.randrange(256) for _ in range(rng.choice([4, 12, 12, 12, 28])))
+            records.append(encode_sample(payload))
+            expected.append(payload)
+    segments, _ = split_span(0, b"".join(records))
+    flat: list[bytes | int] = []
+    for seg in segments:
+        if isinstance(seg, int):
+            flat.append(seg)
+        else:
+            assert seg[0], "no empty runs"
+            if seg[1]:
+                assert len({len(p) for p in seg[0]}) == 1
+            flat.extend(seg[0])
+    assert flat == expected
 
 
 def test_head_beyond_ring_size_is_corrupt_and_never_read() -> None:

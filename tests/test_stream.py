@@ -330,6 +330,21 @@ async def test_close_hands_over_what_the_rings_hold(producer: Producer) -> None:
 
 
 @pytest.mark.asyncio
+async def test_close_while_paused_hands_over_everything_then_ends(producer: Producer) -> None:
+    stream = aperf.PerfStream(producer.map, pages=64, max_pending=100)
+    await stream.open()
+    producer.emit(1000, cpu=OTHER_CPU)
+    stream.flush()
+    assert stream.statistics().paused is False  # flush ignores the bound once
+    producer.emit(10, cpu=OTHER_CPU)
+    await asyncio.sleep(0.05)  # the timer finds the queue full: paused, data left in the ring
+    assert stream.statistics().paused
+    await stream.aclose()  # takes what the ring holds, frees the rings
+    seqs = [seq_of(e.data) async for e in stream]
+    assert seqs == list(range(1010))
+
+
+@pytest.mark.asyncio
 async def test_cancel_consumer_mid_stream_and_resume(producer: Producer) -> None:
     n = 20_000
     tally = Tally()
