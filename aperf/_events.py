@@ -73,6 +73,7 @@ class StreamStatistics:
     ring_bytes: int
     memory_bytes: int
     closed: bool
+    drain_period: float | None = None  # the drain timer's current period (None: no timer)
 
     @property
     def samples(self) -> int:

@@ -46,12 +46,19 @@ class Wakeup:
 
     With batched wakeups, samples below the threshold would wait for ever;
     ``max_latency`` (seconds) is the period of a drain timer that bounds that wait.
+
+    The timer adapts to the traffic: after ``IDLE_AFTER`` seconds in which it
+    found nothing, its period stretches to ``idle_latency`` (so an idle stream
+    costs next to nothing), and the first sample or wakeup brings it back to
+    ``max_latency``. The first sample after a silence may therefore wait up to
+    ``idle_latency``; set ``idle_latency=max_latency`` for a strict bound.
     """
 
     events: int = 0
     watermark_bytes: int = 0
     watermark_fraction: float = 0.0
     max_latency: float | None = None
+    idle_latency: float | None = None
 
     def __post_init__(self) -> None:
         chosen = sum(bool(x) for x in (self.events, self.watermark_bytes, self.watermark_fraction))
@@ -61,6 +68,10 @@ class Wakeup:
             raise ValueError(f"invalid wakeup threshold in {self!r}")
         if self.max_latency is not None and self.max_latency <= 0:
             raise ValueError(f"max_latency must be positive seconds, not {self.max_latency!r}")
+        if self.idle_latency is not None and (
+            self.max_latency is None or self.idle_latency < self.max_latency
+        ):
+            raise ValueError("idle_latency must be at least max_latency")
         if self.batched and self.max_latency is None:
             raise ValueError(
                 "batched wakeups need max_latency: samples below the threshold would never be read"
@@ -75,24 +86,30 @@ class Wakeup:
         return cls(events=1)
 
     @classmethod
-    def every(cls, samples: int, max_latency: float = 0.001) -> Wakeup:
+    def every(
+        cls, samples: int, max_latency: float = 0.001, idle_latency: float | None = None
+    ) -> Wakeup:
         if samples < 1:
             raise ValueError(f"Wakeup.every needs at least 1 sample, not {samples}")
-        return cls(events=samples, max_latency=None if samples == 1 else max_latency)
+        if samples == 1:
+            return cls(events=1)
+        return cls(events=samples, max_latency=max_latency, idle_latency=idle_latency)
 
     @classmethod
-    def watermark(cls, nbytes: int, max_latency: float = 0.001) -> Wakeup:
+    def watermark(
+        cls, nbytes: int, max_latency: float = 0.001, idle_latency: float | None = None
+    ) -> Wakeup:
         if nbytes < 1:
             raise ValueError(f"Wakeup.watermark needs at least 1 byte, not {nbytes}")
-        return cls(watermark_bytes=nbytes, max_latency=max_latency)
+        return cls(watermark_bytes=nbytes, max_latency=max_latency, idle_latency=idle_latency)
 
     @classmethod
-    def balanced(cls, max_latency: float = 0.001) -> Wakeup:
-        return cls(watermark_fraction=0.25, max_latency=max_latency)
+    def balanced(cls, max_latency: float = 0.001, idle_latency: float = 0.050) -> Wakeup:
+        return cls(watermark_fraction=0.25, max_latency=max_latency, idle_latency=idle_latency)
 
     @classmethod
     def throughput(cls) -> Wakeup:
-        return cls(watermark_fraction=0.5, max_latency=0.010)
+        return cls(watermark_fraction=0.5, max_latency=0.010, idle_latency=0.250)
 
     @classmethod
     def named(cls, name: str) -> Wakeup:
@@ -115,6 +132,10 @@ class Wakeup:
             return self.events, 0
         nbytes = self.watermark_bytes or int(ring_bytes * self.watermark_fraction)
         return 0, max(1, min(nbytes, ring_bytes - PAGE_SIZE if ring_bytes > PAGE_SIZE else 1))
+
+
+IDLE_AFTER = 1.0
+"""Seconds without a sample after which the drain timer stretches to ``idle_latency``."""
 
 
 def resolve_wakeup(wakeup: Wakeup | str | None) -> Wakeup:

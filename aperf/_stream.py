@@ -16,7 +16,7 @@ from ._core import DEFAULT_MAX_PENDING, DecodeErrorPolicy, StreamCore
 from ._decode import DecoderSpec, resolve_decoder
 from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
-from ._options import Wakeup, resolve_wakeup, ring_pages
+from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
 from ._rings import MapSource, RingSet
 from ._watch import FdWatcher
 
@@ -75,6 +75,8 @@ class PerfStream:
         self._core: StreamCore | None = None
         self._watcher: FdWatcher | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._quiet_ticks = 0  # drain-timer ticks in a row that found nothing
+        self._idle = False  # the drain timer runs at idle_latency
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -196,12 +198,13 @@ class PerfStream:
         except Exception as exc:  # never let it reach the loop's handler to be printed
             core.push_failure(exc)
             added = 1
+        if self._idle:
+            self._end_idle()
         if added:
             self._wake()
 
     def _tick(self) -> None:
         core = self._core
-        wakeup = self._wakeup
         if core is None or self._closed or self._loop is None:
             return
         try:
@@ -210,9 +213,30 @@ class PerfStream:
             core.push_failure(exc)
             added = 1
         if added:
+            self._quiet_ticks = 0
             self._wake()
+        else:
+            self._quiet_ticks += 1
+        self._timer = self._loop.call_later(self._timer_period(), self._tick)
+
+    def _timer_period(self) -> float:
+        wakeup = self._wakeup
         assert wakeup.max_latency is not None
-        self._timer = self._loop.call_later(wakeup.max_latency, self._tick)
+        idle = wakeup.idle_latency
+        if idle is not None and self._quiet_ticks * wakeup.max_latency >= IDLE_AFTER:
+            self._idle = True
+            return idle
+        self._idle = False
+        return wakeup.max_latency
+
+    def _end_idle(self) -> None:
+        """Traffic after a silence: bring the drain timer back to max_latency now."""
+        self._quiet_ticks = 0
+        if self._idle and self._timer is not None and self._loop is not None:
+            self._timer.cancel()
+            self._idle = False
+            assert self._wakeup.max_latency is not None
+            self._timer = self._loop.call_later(self._wakeup.max_latency, self._tick)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -354,7 +378,12 @@ class PerfStream:
     def statistics(self) -> StreamStatistics:
         """Per-CPU samples, lost, bytes and wakeups; queue depth; memory."""
         stats = self._require_open().statistics()
-        return dataclasses.replace(stats, pending=stats.pending + len(self._held))
+        period = None
+        if self._timer is not None:
+            period = self._wakeup.idle_latency if self._idle else self._wakeup.max_latency
+        return dataclasses.replace(
+            stats, pending=stats.pending + len(self._held), drain_period=period
+        )
 
     @property
     def cpus(self) -> list[int]:

@@ -157,3 +157,19 @@ def test_put_back_keeps_order() -> None:
     order = [struct.unpack_from("<Q", e.data)[0] for e in core.take(10)]
     assert order == [1, 2, 3, 4]
     assert core.pending == 0
+
+
+def test_wakeup_policies_validate() -> None:
+    assert aperf.Wakeup.named("balanced") == aperf.Wakeup.balanced()
+    assert not aperf.Wakeup.named("lowest-latency").batched
+    assert aperf.Wakeup.every(1) == aperf.Wakeup.per_sample()
+    assert aperf.Wakeup.balanced().kernel_settings(512 * 1024) == (0, 128 * 1024)
+    assert aperf.Wakeup.every(64).kernel_settings(4096) == (64, 0)
+    with pytest.raises(ValueError, match="unknown wakeup preset"):
+        aperf.Wakeup.named("fast")
+    with pytest.raises(ValueError, match="need max_latency"):
+        aperf.Wakeup(events=64)
+    with pytest.raises(ValueError, match="idle_latency"):
+        aperf.Wakeup.watermark(4096, max_latency=0.01, idle_latency=0.001)
+    with pytest.raises(ValueError):
+        aperf.Wakeup.every(0)

@@ -345,6 +345,21 @@ async def test_close_while_paused_hands_over_everything_then_ends(producer: Prod
 
 
 @pytest.mark.asyncio
+async def test_drain_timer_relaxes_when_idle_and_tightens_on_traffic(producer: Producer) -> None:
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2)
+    async with aperf.PerfStream(producer.map, pages=64, wakeup=wakeup) as stream:
+        assert stream.statistics().drain_period == 0.002
+        await asyncio.sleep(1.5)  # nothing produced: past IDLE_AFTER (1 s)
+        assert stream.statistics().drain_period == 0.2
+        producer.emit(1, cpu=OTHER_CPU)  # below the watermark: only the timer finds it
+        (event,) = [e async for e in take(stream, 1)]
+        assert seq_of(event.data) == 0
+        assert stream.statistics().drain_period == 0.002
+    async with aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream:
+        assert stream.statistics().drain_period is None  # per-sample wakeups need no timer
+
+
+@pytest.mark.asyncio
 async def test_cancel_consumer_mid_stream_and_resume(producer: Producer) -> None:
     n = 20_000
     tally = Tally()
