@@ -463,6 +463,28 @@ async def test_int_fd_and_pinned_path_sources(producer: Producer, tmp_path: Any)
 
 
 @pytest.mark.asyncio
+async def test_map_with_fewer_slots_than_cpus(kernel: None) -> None:
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    if not os.path.ismount("/sys/fs/bpf"):
+        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
+    pin = f"/sys/fs/bpf/aperf_small_{os.getpid()}"
+    subprocess.run(
+        ["bpftool", "map", "create", pin, "type", "perf_event_array",
+         "key", "4", "value", "4", "entries", "1", "name", "small"],
+        check=True,
+    )
+    try:
+        # As libbpf does: a ring per CPU id below max_entries, the others skipped.
+        async with aperf.PerfStream(pin, pages=1) as stream:
+            assert stream.cpus == [0]
+        with aperf.PerfBuffer(pin, pages=1, on_sample=print) as pb:
+            assert pb.buffer_cnt == 1
+    finally:
+        os.unlink(pin)
+
+
+@pytest.mark.asyncio
 async def test_bad_sources_and_sizes(producer: Producer) -> None:
     with pytest.raises(aperf.MapTypeError, match="type 2"):
         await aperf.PerfStream(producer.object.maps["counters"]).open()
