@@ -26,6 +26,8 @@ from ._errors import (
 log = structlog.get_logger("aperf")
 
 BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
+# PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
+_PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})
 _LOADED_SECTIONS = (".rodata", ".data", ".bss")
 _V = TypeVar("_V")
 
@@ -83,6 +85,29 @@ class Map:
     @property
     def closed(self) -> bool:
         return self._owner.closed
+
+    @property
+    def per_cpu(self) -> bool:
+        return self.type in _PER_CPU_MAP_TYPES
+
+    def lookup(self, key: bytes) -> bytes:
+        """The value stored under ``key`` (per-CPU maps: one 8-byte-aligned slot per CPU)."""
+        size = self.value_size
+        if self.per_cpu:
+            size = ((size + 7) & ~7) * int(lb.libbpf_num_possible_cpus())
+        return lb.map_lookup(self.fd, key, size)
+
+    def update(self, key: bytes, value: bytes) -> None:
+        lb.map_update(self.fd, key, value)
+
+    def pin(self, path: str | os.PathLike[str]) -> None:
+        """Pin the map in bpffs (``/sys/fs/bpf/...``) so that other processes can open it."""
+        self._owner._check_open()
+        lb.pin_map(self._ptr, os.fspath(path))
+
+    def unpin(self, path: str | os.PathLike[str]) -> None:
+        self._owner._check_open()
+        lb.unpin_map(self._ptr, os.fspath(path))
 
     @property
     def object(self) -> BPFObject:

@@ -151,6 +151,29 @@ def test_producer_without_rings_counts_every_output_as_failed() -> None:
         assert counters.ok == 0
 
 
+def test_map_lookup_update_and_pin(tmp_path: Path) -> None:
+    if not os.path.ismount("/sys/fs/bpf"):
+        import subprocess
+
+        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
+    with Producer(tag=5) as producer:
+        producer.emit(3)
+        counters = producer.object.maps["counters"]
+        assert int.from_bytes(counters.lookup((2).to_bytes(4, "little")), "little") == 5
+        counters.update((1).to_bytes(4, "little"), (77).to_bytes(8, "little"))
+        assert producer.counters().failed == 77
+        scratch = producer.object.maps["scratch"]
+        assert scratch.per_cpu
+        assert len(scratch.lookup(bytes(4))) == 4096 * aperf._libbpf.libbpf_num_possible_cpus()
+        pin = f"/sys/fs/bpf/aperf_pin_{os.getpid()}"
+        producer.map.pin(pin)
+        try:
+            assert os.path.exists(pin)
+        finally:
+            producer.map.unpin(pin)
+        assert not os.path.exists(pin)
+
+
 def test_producer_rejects_bad_sizes() -> None:
     with Producer() as producer:
         for size in (0, 4097):

@@ -33,10 +33,12 @@ from ._api import (
     map_update,
     object_btf,
     open_object,
+    pin_map,
     pinned_object_fd,
     set_map_initial_value,
     set_verbose,
     test_run_on_cpu,
+    unpin_map,
 )
 from ._binding import (
     LIBBPF_ENV,
@@ -112,10 +114,12 @@ __all__ = [
     "map_update",
     "object_btf",
     "open_object",
+    "pin_map",
     "pinned_object_fd",
     "set_map_initial_value",
     "set_verbose",
     "test_run_on_cpu",
+    "unpin_map",
     "version",
     "version_string",
 ]

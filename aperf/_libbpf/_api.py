@@ -140,6 +140,14 @@ def set_map_initial_value(map_ptr: int, data: bytes) -> None:
     c.bpf_map__set_initial_value(map_ptr, data, len(data))
 
 
+def pin_map(map_ptr: int, path: str) -> None:
+    c.bpf_map__pin(map_ptr, os.fsencode(path))
+
+
+def unpin_map(map_ptr: int, path: str) -> None:
+    c.bpf_map__unpin(map_ptr, os.fsencode(path))
+
+
 def map_update(fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
     c.bpf_map_update_elem(fd, key, value, flags)
 

@@ -220,6 +220,8 @@ bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_
 bpf_map__btf_value_type_id = plain_fn(
     "bpf_map__btf_value_type_id", ctypes.c_uint32, ctypes.c_void_p
 )
+bpf_map__pin = int_fn("bpf_map__pin", ctypes.c_void_p, ctypes.c_char_p)
+bpf_map__unpin = int_fn("bpf_map__unpin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__initial_value = plain_fn(
     "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
 )
