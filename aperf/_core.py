@@ -18,14 +18,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
-import structlog
-
 from ._decode import SizedDecoder
 from ._errors import BrokenRingError, DecodeError
 from ._events import BadSample, CpuStatistics, Lost, Sample, StreamStatistics, _Failure
+from ._log import log
 from ._ring import RingReader, split_span
-
-log = structlog.get_logger("aperf")
 
 DecodeErrorPolicy = Literal["item", "raise", "skip"]
 DEFAULT_MAX_PENDING = 65536

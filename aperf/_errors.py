@@ -27,26 +27,29 @@ class LibbpfError(AperfError, OSError):
 
     function: str
 
-    def __init__(self, err: int, function: str, detail: str = "") -> None:
-        message = os.strerror(err) if err else "unknown error"
+    def __init__(
+        self, err: int, function: str, detail: str = "", message: str | None = None
+    ) -> None:
+        if message is None:
+            message = os.strerror(err) if err else "unknown error"
         super().__init__(err, message)
         self.function = function
-        self.detail = detail
+        self.detail = detail  # one line: what aperf was doing, libbpf's last word
+        self.log = ""  # everything libbpf printed during the failed call
 
     def __str__(self) -> str:
+        return f"{self._failure()}: {self.detail}" if self.detail else self._failure()
+
+    def _failure(self) -> str:
         name = _errno.errorcode.get(self.errno or 0, str(self.errno))
-        text = f"{self.function}() failed: [{name}] {self.strerror}"
-        return f"{text}: {self.detail}" if self.detail else text
+        return f"{self.function}() failed: [{name}] {self.strerror}"
 
 
 class MissingPrivilegesError(LibbpfError, PermissionError):
     """The kernel refused for lack of privileges (run as root, or with CAP_BPF and CAP_PERFMON)."""
 
     def __str__(self) -> str:
-        return (
-            super().__str__()
-            + " (BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE)"
-        )
+        return super().__str__() + " (BPF needs root, or CAP_BPF + CAP_PERFMON)"
 
 
 # --- BPF objects -------------------------------------------------------------
@@ -59,12 +62,14 @@ class ObjectError(AperfError):
 class ObjectFileError(ObjectError, LibbpfError):
     """The file is missing, unreadable, or not an ELF BPF object."""
 
-    def __init__(self, path: str, err: int, function: str, reason: str) -> None:
-        LibbpfError.__init__(self, err, function, reason)
+    def __init__(
+        self, path: str, err: int, function: str, reason: str, message: str | None = None
+    ) -> None:
+        LibbpfError.__init__(self, err, function, reason, message)
         self.path = path
 
     def __str__(self) -> str:
-        return f"cannot open BPF object {self.path!r}: {self.detail} ({LibbpfError.__str__(self)})"
+        return f"cannot open BPF object {self.path!r}: {self.detail} ({self._failure()})"
 
 
 class UnknownNameError(ObjectError, LookupError):
@@ -103,7 +108,7 @@ class VerifierError(ObjectError, LibbpfError):
         which = f"program {self.program!r}" if self.program else "a program"
         return (
             f"the kernel's verifier rejected {which} of {self.path!r} "
-            f"({LibbpfError.__str__(self)}); last lines of the log:\n{tail}\n"
+            f"({self._failure()}); last lines of the log:\n{tail}\n"
             "(the full log is in .log; set APERF_LIBBPF_VERBOSE=1 to see all of libbpf's output)"
         )
 

@@ -9,8 +9,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-import structlog
-
 from . import _libbpf as lb
 from ._errors import (
     ClosedResourceError,
@@ -22,14 +20,18 @@ from ._errors import (
     UnknownNameError,
     VerifierError,
 )
-
-log = structlog.get_logger("aperf")
+from ._log import log
 
 BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
 # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
 _PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})
 _LOADED_SECTIONS = (".rodata", ".data", ".bss")
 _V = TypeVar("_V")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(libbpf printed nothing)"
 
 
 class _NameTable(Mapping[str, _V]):
@@ -176,7 +178,8 @@ class Program:
             try:
                 ptr = lb.attach_program(self._ptr)
             except LibbpfError as exc:
-                exc.detail = f"attaching {self.name!r} ({self.section}): {captured.text.strip()}"
+                exc.log = captured.text
+                exc.detail = f"attaching {self.name!r} ({self.section}): {_last_line(exc.log)}"
                 if exc.errno == errno.ENOENT and self.section.startswith(("tp/", "tracepoint/")):
                     exc.detail += " (is tracefs mounted at /sys/kernel/tracing?)"
                 raise
@@ -219,11 +222,13 @@ class BPFObject:
                 self._ptr = lb.open_object(self.path)
             except LibbpfError as exc:
                 assert exc.errno is not None
-                reason = captured.text.strip().splitlines()[-1:] or [exc.strerror or ""]
-                raise ObjectFileError(
+                reason = _last_line(captured.text) if captured.text.strip() else exc.strerror
+                error = ObjectFileError(
                     self.path, exc.errno, exc.function,
-                    f"not a loadable ELF BPF object: {reason[0].strip()}",
-                ) from None
+                    f"not a loadable ELF BPF object: {reason}", exc.strerror,
+                )
+                error.log = captured.text
+                raise error from None
         self._finalizer = weakref.finalize(self, lb.bpf_object__close, self._ptr)
         self.name: str = lb.cstr(lb.bpf_object__name(self._ptr))
         self._maps = _NameTable("map", {m.name: m for m in self._collect_maps()})
@@ -348,11 +353,12 @@ class BPFObject:
                 text = captured.text
                 if "BEGIN PROG LOAD LOG" in text or "failed to load program" in text:
                     raise VerifierError(self.path, exc.errno, text) from None
+                detail = f"loading {self.path!r}: {_last_line(text)}"
                 if isinstance(exc, MissingPrivilegesError) or os.geteuid() != 0:
-                    raise MissingPrivilegesError(
-                        exc.errno, exc.function, f"loading {self.path!r}: {text.strip()}"
-                    ) from None
-                exc.detail = f"loading {self.path!r}: {text.strip()}"
+                    denied = MissingPrivilegesError(exc.errno, exc.function, detail)
+                    denied.log = text
+                    raise denied from None
+                exc.detail, exc.log = detail, text
                 raise
         self._loaded = True
         log.debug("bpf object loaded", path=self.path, maps=len(self._maps),

@@ -11,8 +11,6 @@ import os
 import threading
 from dataclasses import dataclass
 
-import structlog
-
 from . import _libbpf as lb
 from ._errors import (
     BusyResourceError,
@@ -21,11 +19,10 @@ from ._errors import (
     MapTypeError,
     RingSizeError,
 )
+from ._log import log
 from ._object import BPF_MAP_TYPE_PERF_EVENT_ARRAY, Map
 from ._options import PAGE_SIZE, Wakeup
 from ._ring import RingReader
-
-log = structlog.get_logger("aperf")
 
 MapSource = Map | int | str | os.PathLike[str]
 
@@ -133,7 +130,7 @@ class RingSet:
             if source.closed:
                 raise ClosedResourceError(f"map {source.name!r} belongs to a closed BPFObject")
             self._map_fd = os.dup(source.fd)
-            return repr(source.name)
+            return source.name
         if isinstance(source, bool) or not isinstance(source, int | str | os.PathLike):
             raise TypeError(
                 "PerfStream takes an aperf.Map, a map fd (int) or a pinned map path, "
@@ -151,7 +148,7 @@ class RingSet:
         except LibbpfError as exc:
             exc.detail = f"opening pinned map {path!r}"
             raise
-        return repr(path)
+        return path
 
     def _claim(self) -> None:
         with _claims_lock:

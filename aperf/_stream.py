@@ -10,17 +10,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import structlog
-
 from ._core import DEFAULT_MAX_PENDING, DecodeErrorPolicy, StreamCore
 from ._decode import DecoderSpec, resolve_decoder
 from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
+from ._log import log
 from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
 from ._rings import MapSource, RingSet
 from ._watch import FdWatcher
-
-log = structlog.get_logger("aperf")
 
 Callback = Callable[[Any], Any]
 DEFAULT_BATCH = 4096

@@ -7,16 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from ._core import DecodeErrorPolicy, StreamCore
 from ._decode import DecoderSpec, resolve_decoder
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
+from ._log import log
 from ._options import Wakeup, resolve_wakeup, ring_pages
 from ._rings import MapSource, RingSet
-
-log = structlog.get_logger("aperf")
 
 
 class PerfBuffer:

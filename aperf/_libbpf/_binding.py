@@ -31,11 +31,19 @@ INSTALL_HINT = (
 _PERMISSION_ERRNOS = {_errno.EPERM, _errno.EACCES}
 
 
+LIBBPF_ERRNO_BASE = 4000  # libbpf's own error codes (LIBBPF_ERRNO__FORMAT, ...) start here
+
+
 def error_for(err: int, function: str, detail: str = "") -> LibbpfError:
     """The typed error for a libbpf failure with this (positive) errno."""
     if err in _PERMISSION_ERRNOS:
         return MissingPrivilegesError(err, function, detail)
-    return LibbpfError(err, function, detail)
+    message = None
+    if LIBBPF_ERRNO_BASE <= err < LIBBPF_ERRNO_BASE + 100:
+        buf = ctypes.create_string_buffer(256)
+        if libbpf_strerror(err, buf, len(buf)) == 0:
+            message = buf.value.decode(errors="replace")
+    return LibbpfError(err, function, detail, message)
 
 
 class _CallbackErrors(threading.local):
@@ -197,6 +205,9 @@ libbpf_version_string = plain_fn("libbpf_version_string", ctypes.c_char_p)
 libbpf_num_possible_cpus = int_fn("libbpf_num_possible_cpus")
 PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 libbpf_set_print = plain_fn("libbpf_set_print", ctypes.c_void_p, PRINT_FN)
+libbpf_strerror = plain_fn(
+    "libbpf_strerror", ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t
+)
 
 # --- objects --------------------------------------------------------------------
 bpf_object__open_file = ptr_fn("bpf_object__open_file", ctypes.c_char_p, ctypes.c_void_p)
