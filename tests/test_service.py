@@ -1,0 +1,422 @@
+"""End-to-end tests of the web service that embeds aperf (examples/service.py).
+
+The service runs as a subprocess on a free loopback port, with the real tracer
+loaded; the tests talk to it over HTTP with httpx and make processes of their
+own, recognising their events by pid among whatever else the machine runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT = 15.0
+TIMEOUT = 10.0
+# Small per-client queues and socket buffers, so that a client that stops
+# reading overflows its queue after a few hundred events, not tens of thousands.
+CLIENT_QUEUE = 64
+SEND_BUFFER = 4096
+BURST = 600  # processes: 1200 events, about 300 KB of SSE
+METRIC_LINE = re.compile(
+    r'(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'(?:\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)\})?'
+    r' (?P<value>[-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|NaN|[-+]Inf))'
+)
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+pytestmark = pytest.mark.kernel
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Parse the Prometheus text format strictly: every line is a comment or a sample."""
+    samples: Metrics = {}
+    typed: set[str] = set()
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("#"):
+            kind, name, *_ = line[2:].split(" ", 2)
+            assert kind in ("HELP", "TYPE"), line
+            if kind == "TYPE":
+                assert line.split()[-1] in ("counter", "gauge"), line
+                typed.add(name)
+            continue
+        m = METRIC_LINE.fullmatch(line)
+        assert m, f"not a Prometheus sample line: {line!r}"
+        assert m["name"] in typed, f"{m['name']} has no # TYPE line"
+        labels = frozenset(LABEL.findall(m["labels"] or ""))
+        samples[m["name"], labels] = float(m["value"])
+    return samples
+
+
+def total(metrics: Metrics, name: str) -> float:
+    return sum(v for (n, _), v in metrics.items() if n == name)
+
+
+def per_label(metrics: Metrics, name: str, label: str) -> dict[str, float]:
+    return {dict(labels)[label]: v for (n, labels), v in metrics.items() if n == name}
+
+
+class Service:
+    """``python -m examples.service`` on a free loopback port; its JSON log in a file."""
+
+    def __init__(self, log_path: Path, *args: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "examples.service", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--heartbeat", "0.5", *args],
+                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        self.http = httpx.Client(base_url=self.base, timeout=TIMEOUT)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the service exited with {self.proc.returncode}:\n{self.log}")
+            try:
+                if self.http.get("/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"the service was not healthy within {STARTUP_TIMEOUT}s:\n{self.log}")
+
+    def metrics(self) -> Metrics:
+        response = self.http.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        return parse_metrics(response.text)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> tuple[int, float]:
+        start = time.monotonic()
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout=timeout)
+        return rc, time.monotonic() - start
+
+    def close(self) -> None:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def service(tracefs: None, tmp_path: Path) -> Iterator[Service]:
+    svc = Service(
+        tmp_path / "service.log",
+        "--client-queue", str(CLIENT_QUEUE), "--send-buffer", str(SEND_BUFFER),
+        "--shutdown-timeout", "2",
+    )
+    try:
+        svc.wait_ready()
+        yield svc
+    finally:
+        svc.close()
+
+
+@dataclass
+class Message:
+    event: str  # "message" unless the server named it
+    data: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[Message]:
+    event = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield Message(event, "\n".join(data))
+            event, data = "message", []
+        elif line.startswith(":"):
+            continue  # comment: the greeting, keep-alives
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+class FastClient:
+    """An /events client reading in a thread as fast as it can (httpx)."""
+
+    def __init__(self, base: str) -> None:
+        self.http = httpx.Client(base_url=base, timeout=httpx.Timeout(TIMEOUT))
+        self.messages: queue.Queue[Message | None] = queue.Queue()
+        self.received: list[Message] = []
+        self.connected = threading.Event()
+        self.error: BaseException | None = None
+        self.status = 0
+        self.headers: httpx.Headers | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        assert self.connected.wait(TIMEOUT), "the /events request got no answer"
+
+    def _read(self) -> None:
+        try:
+            with self.http.stream("GET", "/events") as response:
+                self.status, self.headers = response.status_code, response.headers
+                self.connected.set()
+                for message in parse_sse(response.iter_lines()):
+                    self.messages.put(message)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+        finally:
+            self.connected.set()
+            self.messages.put(None)  # the server ended the stream
+
+    def read_until(
+        self, done: Callable[[Message], bool], timeout: float = TIMEOUT
+    ) -> list[Message]:
+        """Read until ``done(message)`` is true for a message; everything received so far."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"timed out; last messages: {self.received[-5:]}")
+            if message is None:
+                pytest.fail(f"the stream ended early ({self.error!r})")
+            self.received.append(message)
+            if done(message):
+                return self.received
+
+    def wait_end(self, timeout: float = TIMEOUT) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the event stream did not end"
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class StalledClient:
+    """An /events client (httpx) with a tiny receive buffer that reads nothing until told."""
+
+    def __init__(self, base: str) -> None:
+        transport = httpx.HTTPTransport(
+            socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
+        )
+        self.http = httpx.Client(
+            base_url=base, transport=transport, timeout=httpx.Timeout(TIMEOUT)
+        )
+        self._stream = self.http.stream("GET", "/events")
+        self.response = self._stream.__enter__()  # headers read, body left in the socket
+
+    def messages(self) -> Iterator[Message]:
+        """Start reading; with a normal receive buffer again, so that it goes fast."""
+        sock = self.response.extensions["network_stream"].get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        return parse_sse(self.response.iter_lines())
+
+    def close(self) -> None:
+        self._stream.__exit__(None, None, None)
+        self.http.close()
+
+
+def spawn_burst(count: int) -> int:
+    """A shell that runs /bin/true ``count`` times; its pid (the parent of every true)."""
+    sh, true = shutil.which("sh"), shutil.which("true")
+    assert sh and true
+    loop = f"i=0; while [ $i -lt {count} ]; do {true}; i=$((i+1)); done"
+    proc = subprocess.Popen([sh, "-c", loop])
+    assert proc.wait(timeout=60) == 0
+    return proc.pid
+
+
+def events_of_children(messages: list[Message], parent: int, kind: str) -> set[int]:
+    return {
+        m.json()["pid"] for m in messages
+        if m.event == "message" and m.json()["ppid"] == parent and m.json()["event"] == kind
+    }
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+
+def test_health_reports_an_open_stream(service: Service) -> None:
+    response = service.http.get("/health")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok" and body["stream_open"] is True
+    assert body["lost"] == 0 and body["broken_cpus"] == []
+
+
+def test_slow_client_does_not_hold_back_the_fast_one(service: Service) -> None:
+    stalled = StalledClient(service.base)
+    fast = FastClient(service.base)
+    try:
+        assert fast.status == 200 and fast.headers is not None
+        assert fast.headers["content-type"].startswith("text/event-stream")
+        # Wait for the server to count both clients before making events.
+        deadline = time.monotonic() + TIMEOUT
+        while total(service.metrics(), "aperf_sse_clients") < 2:
+            assert time.monotonic() < deadline, "the clients were never both connected"
+            time.sleep(0.05)
+
+        parent = spawn_burst(BURST)
+        exited: set[int] = set()
+
+        def all_exited(message: Message) -> bool:
+            if message.event == "message":
+                record = message.json()
+                if record["ppid"] == parent and record["event"] == "EXIT":
+                    exited.add(record["pid"])
+            return len(exited) == BURST
+
+        received = fast.read_until(all_exited)
+        # Every exec and exit of the burst reached the fast client, nothing dropped
+        # for it, although the stalled client's queue overflowed meanwhile.
+        execs = events_of_children(received, parent, "EXEC")
+        assert len(execs) == BURST
+        assert not [m for m in received if m.event == "dropped"]
+        for m in received:
+            if m.event == "message" and m.json()["ppid"] == parent:
+                record = m.json()
+                assert record["comm"] == "true"
+                if record["event"] == "EXEC":
+                    assert record["filename"] == shutil.which("true")
+
+        metrics = service.metrics()
+        dropped = per_label(metrics, "aperf_sse_client_dropped_total", "client")
+        assert len(dropped) == 2
+        assert max(dropped.values()) > 0 and min(dropped.values()) == 0, dropped
+        assert total(metrics, "aperf_sse_dropped_total") == max(dropped.values())
+        assert total(metrics, "aperf_lost_total") == 0
+
+        # Once the stalled client reads again, it is told how many events it missed.
+        missed = 0
+        for message in stalled.messages():
+            if message.event == "dropped":
+                missed = message.json()["missed"]
+                break
+        assert missed > 0
+    finally:
+        stalled.close()
+        fast.close()
+
+
+def test_metrics_parse_and_grow(service: Service) -> None:
+    before = service.metrics()
+    cpus = {str(c) for c in range(os.cpu_count() or 1)}
+    for name in ("aperf_samples_total", "aperf_lost_total", "aperf_bytes_total",
+                 "aperf_wakeups_total", "aperf_decode_errors_total"):
+        assert set(per_label(before, name, "cpu")) <= cpus
+        assert per_label(before, name, "cpu"), f"no per-CPU {name}"
+    assert total(before, "aperf_stream_open") == 1
+    assert ("aperf_sse_clients", frozenset()) in before
+
+    spawn_burst(20)
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        after = service.metrics()
+        if total(after, "aperf_samples_total") >= total(before, "aperf_samples_total") + 40:
+            break
+        assert time.monotonic() < deadline, "the sample counters did not grow"
+        time.sleep(0.1)
+    for name in ("aperf_bytes_total", "aperf_wakeups_total",
+                 "aperf_sse_events_published_total"):
+        assert total(after, name) > total(before, name), name
+    for (name, labels), value in before.items():
+        if name.endswith("_total") and (name, labels) in after:
+            assert after[name, labels] >= value, (name, labels)
+
+
+def test_kernel_losses_reach_metrics_and_clients(tracefs: None, tmp_path: Path) -> None:
+    sh, true, taskset = shutil.which("sh"), shutil.which("true"), shutil.which("taskset")
+    if taskset is None:
+        pytest.skip("taskset is not installed")
+    assert sh and true
+    cpus = sorted(os.sched_getaffinity(0))
+    svc = Service(tmp_path / "service.log", "--pages", "1")  # about 22 events per CPU ring
+    try:
+        svc.wait_ready()
+        fast = FastClient(svc.base)
+        try:
+            # A stopped service cannot drain its rings: the kernel drops and counts.
+            svc.proc.send_signal(signal.SIGSTOP)
+            try:
+                for cpu in cpus:
+                    burst = [taskset, "-c", str(cpu), sh, "-c",
+                             f"for i in $(seq 100); do {true}; done"]
+                    subprocess.run(burst, check=True, timeout=60)
+            finally:
+                svc.proc.send_signal(signal.SIGCONT)
+            # The count comes with the next event that fits in that CPU's ring.
+            deadline = time.monotonic() + TIMEOUT
+            while total(svc.metrics(), "aperf_lost_total") == 0:
+                assert time.monotonic() < deadline, "no loss was counted"
+                for cpu in cpus:
+                    subprocess.run([taskset, "-c", str(cpu), true], check=True)
+                time.sleep(0.1)
+            notices = fast.read_until(lambda m: m.event == "lost")
+            lost = notices[-1].json()
+            assert lost["count"] > 0 and lost["cpu"] in cpus
+            assert svc.http.get("/health").json()["lost"] > 0
+        finally:
+            fast.close()
+    finally:
+        svc.close()
+
+
+def test_sigterm_ends_streams_and_exits_cleanly(service: Service) -> None:
+    fast = FastClient(service.base)
+    stalled = StalledClient(service.base)
+    try:
+        spawn_burst(BURST)  # leaves the stalled client with a full socket and queue
+        rc, elapsed = service.stop(signal.SIGTERM)
+        fast.wait_end()  # the server ended the stream: a clean end, no error
+        assert fast.error is None
+    finally:
+        stalled.close()
+        fast.close()
+    assert rc == 0, service.log
+    # Streams end at once; a stalled client gets --shutdown-timeout (2 s) at most.
+    assert elapsed < 6.0
+    records = [json.loads(line) for line in service.log.splitlines()]  # JSON logs only
+    events = [r["event"] for r in records]
+    assert "perf stream closed" in events  # aperf freed the rings
+    assert "tracer stopped" in events
+    assert events[-1].startswith("Finished server process")
+    # The stalled client was cut off at the shutdown timeout, and said so in one
+    # warning. (uvicorn adds its own error lines about that connection.)
+    assert "client cut off at shutdown: it stopped reading" in events
+    assert "Traceback" not in service.log
+    assert not [r for r in records if "exception" in r], records

@@ -1,0 +1,415 @@
+"""End-to-end tests of the exec/exit tracer (examples/bootstrap_legacy.py).
+
+Each test starts ``python -m examples.bootstrap_legacy`` from the repository
+root as a subprocess, makes processes of its own, and looks for their events.
+The tracer sees every process on the machine, so assertions only consider
+events of the pids the test spawned (and their children).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
+# "%-8s %-5s %-16s %-7d %-7d %s": time, event, comm, pid, ppid, filename or [code] (Nms)
+ROW = re.compile(r"(\d\d:\d\d:\d\d) (EXEC|EXIT)  (.{16}) (\d+ *) (\d+ *) (.*)")
+EXIT_DETAIL = re.compile(r"\[(\d+)\](?: \((\d+)ms\))?")
+LOST = re.compile(r"^Lost (\d+) events on CPU #(\d+)!$", re.MULTILINE)
+JSON_KEYS = {
+    "time", "event", "cpu", "pid", "ppid", "exit_code", "duration_ns", "comm", "filename",
+    "exit_event",
+}
+TIMEOUT = 10.0  # seconds to wait for an event: generous, CI is a noisy 2-core VM
+
+
+@dataclass(frozen=True)
+class Row:
+    event: str
+    comm: str
+    pid: int
+    ppid: int
+    detail: str
+
+    @property
+    def exit_code(self) -> int:
+        m = EXIT_DETAIL.fullmatch(self.detail)
+        assert m, f"bad exit detail {self.detail!r}"
+        return int(m.group(1))
+
+    @property
+    def duration_ms(self) -> int | None:
+        m = EXIT_DETAIL.fullmatch(self.detail)
+        assert m, f"bad exit detail {self.detail!r}"
+        return None if m.group(2) is None else int(m.group(2))
+
+
+def parse_row(line: str) -> Row:
+    """Parse a table line, checking the printf layout column by column."""
+    m = ROW.fullmatch(line)
+    assert m, f"line does not have the table layout: {line!r}"
+    _, event, comm, pid, ppid, detail = m.groups()
+    for field in (pid, ppid):
+        assert len(field) == max(7, len(field.rstrip())), f"column not %-7d in {line!r}"
+    return Row(event, comm.rstrip(), int(pid), int(ppid), detail)
+
+
+class Tracer:
+    """The tracer as a subprocess, its stdout lines readable with timeouts."""
+
+    def __init__(self, *args: str, wrapper: Sequence[str] = ()) -> None:
+        self.proc = subprocess.Popen(
+            [*wrapper, sys.executable, "-m", "examples.bootstrap_legacy", *args],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self._stderr: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True),
+            threading.Thread(target=self._collect_stderr, args=(self.proc.stderr,), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _collect_stderr(self, stream: Any) -> None:
+        for line in stream:
+            self._stderr.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+    def next_line(self, timeout: float) -> str | None:
+        """The next stdout line; None at end of output; raises queue.Empty on timeout."""
+        line = self.lines.get(timeout=timeout)
+        if line is not None:
+            self.seen.append(line)
+        return line
+
+    def wait_header(self) -> None:
+        try:
+            line = self.next_line(TIMEOUT)
+        except queue.Empty:
+            pytest.fail(f"no header within {TIMEOUT}s; stderr:\n{self.stderr}")
+        assert line == HEADER, f"first line {line!r}; stderr:\n{self.stderr}"
+
+    def read_until(
+        self, done: Callable[[list[str]], bool], timeout: float = TIMEOUT,
+        poke: Callable[[], None] | None = None,
+    ) -> list[str]:
+        """Read lines until ``done(lines read so far)``; ``poke`` runs every 0.2 s meanwhile."""
+        deadline = time.monotonic() + timeout
+        start = len(self.seen)
+        while not done(self.seen[start:]):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                pytest.fail(
+                    f"timed out after {timeout}s; lines read:\n"
+                    + "\n".join(self.seen[start:][-60:])
+                    + f"\nstderr:\n{self.stderr}"
+                )
+            if poke is not None:
+                poke()
+            try:
+                if self.next_line(min(remaining, 0.2)) is None:
+                    pytest.fail(f"the tracer ended early; stderr:\n{self.stderr}")
+            except queue.Empty:
+                pass
+        return self.seen[start:]
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 5.0) -> tuple[int, float]:
+        """Send ``sig``; the exit status and how long the tracer took to exit."""
+        start = time.monotonic()
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout=timeout)
+        elapsed = time.monotonic() - start
+        for thread in self._threads:
+            thread.join(timeout=5)
+        return rc, elapsed
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def which(name: str) -> str:
+    path = shutil.which(name)
+    assert path is not None, f"{name} is not on PATH"
+    return path
+
+
+def same_file(reported: str, expected: str) -> bool:
+    """The exec'd filename is the path the shell found on PATH (/bin/sh, /usr/bin/sh...)."""
+    return reported == expected or os.path.realpath(reported) == os.path.realpath(expected)
+
+
+def rows_of(lines: list[str], pids: set[int]) -> list[Row]:
+    """Table rows of the given processes and of their children."""
+    rows = [parse_row(line) for line in lines]
+    return [r for r in rows if r.pid in pids or r.ppid in pids]
+
+
+def find(rows: list[Row], event: str, comm: str, **fields: int) -> Row | None:
+    for row in rows:
+        if row.event == event and row.comm == comm and all(
+            getattr(row, k) == v for k, v in fields.items()
+        ):
+            return row
+    return None
+
+
+def finished(proc: subprocess.Popen[Any]) -> int:
+    return proc.wait(timeout=TIMEOUT)
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_table_shows_exec_and_exit_of_a_pipeline(tracefs: None, tmp_path: Path, loop: str) -> None:
+    sh, ls, grep = which("sh"), which("ls"), which("grep")
+    with Tracer("--loop", loop) as tracer:
+        tracer.wait_header()
+        # An empty directory: ls prints nothing, so grep finds no "x" and exits 1.
+        proc = subprocess.Popen([sh, "-c", "ls | grep x; exit 3"], cwd=tmp_path)
+        assert finished(proc) == 3
+        pid, me = proc.pid, os.getpid()
+
+        def complete(lines: list[str]) -> bool:
+            rows = rows_of(lines, {pid})
+            return all(find(rows, "EXIT", c) for c in ("sh", "ls", "grep"))
+
+        rows = rows_of(tracer.read_until(complete), {pid})
+        rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+
+    exec_sh = find(rows, "EXEC", "sh", pid=pid, ppid=me)
+    exec_ls = find(rows, "EXEC", "ls", ppid=pid)
+    exec_grep = find(rows, "EXEC", "grep", ppid=pid)
+    assert exec_sh and exec_ls and exec_grep, rows
+    assert same_file(exec_sh.detail, sh)
+    assert same_file(exec_ls.detail, ls)
+    assert same_file(exec_grep.detail, grep)
+
+    exit_sh = find(rows, "EXIT", "sh", pid=pid, ppid=me)
+    exit_ls = find(rows, "EXIT", "ls", pid=exec_ls.pid, ppid=pid)
+    exit_grep = find(rows, "EXIT", "grep", pid=exec_grep.pid, ppid=pid)
+    assert exit_sh and exit_ls and exit_grep, rows
+    assert (exit_sh.exit_code, exit_grep.exit_code, exit_ls.exit_code) == (3, 1, 0)
+    # Each process was seen exec'ing, so its exit carries a duration.
+    for row in (exit_sh, exit_ls, exit_grep):
+        assert row.duration_ms is not None and 0 <= row.duration_ms < 10_000, row
+    assert "Traceback" not in tracer.stderr
+
+
+@pytest.mark.kernel
+def test_min_duration_reports_only_long_exits(tracefs: None) -> None:
+    sleep = which("sleep")
+    with Tracer("-d", "1000") as tracer:
+        tracer.wait_header()
+        short = subprocess.Popen([sleep, "0.01"])
+        long = subprocess.Popen([sleep, "1.2"])
+        assert finished(short) == 0
+        assert finished(long) == 0
+
+        def long_exit_seen(lines: list[str]) -> bool:
+            return find(rows_of(lines, {long.pid}), "EXIT", "sleep", pid=long.pid) is not None
+
+        # The short sleep exited over a second before the long one: had it been
+        # reported, it would be in the output by now.
+        rows = rows_of(tracer.read_until(long_exit_seen), {short.pid, long.pid})
+        rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+    assert [r.pid for r in rows] == [long.pid], rows  # no exec events, no short exit
+    exit_long = rows[0]
+    assert exit_long.exit_code == 0
+    assert exit_long.duration_ms is not None and exit_long.duration_ms >= 1000
+
+
+# --- JSON --------------------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_json_lines_carry_every_field(tracefs: None, tmp_path: Path) -> None:
+    sh, ls, true = which("sh"), which("ls"), which("true")
+    with Tracer("--json") as tracer:
+        # No header in JSON mode: the tracer is ready once a probe's exec shows up.
+        probes: set[int] = set()
+
+        def probe() -> None:
+            probes.add(subprocess.Popen([true]).pid)
+
+        def probe_seen(lines: list[str]) -> bool:
+            return any(json.loads(line)["pid"] in probes for line in lines)
+
+        probe()
+        tracer.read_until(probe_seen, poke=probe)
+
+        proc = subprocess.Popen([sh, "-c", "ls >/dev/null; exit 7"], cwd=tmp_path)
+        assert finished(proc) == 7
+        pid = proc.pid
+
+        def records_of(lines: list[str]) -> list[dict[str, Any]]:
+            records = [json.loads(line) for line in lines]  # every line is one JSON object
+            return [r for r in records if pid in (r["pid"], r["ppid"])]
+
+        def complete(lines: list[str]) -> bool:
+            return any(r["exit_event"] and r["pid"] == pid for r in records_of(lines))
+
+        records = records_of(tracer.read_until(complete))
+        rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+
+    for record in records:
+        assert set(record) == JSON_KEYS, record
+        assert datetime.datetime.fromisoformat(record["time"]).tzinfo is not None
+        assert record["event"] == ("EXIT" if record["exit_event"] else "EXEC")
+        assert isinstance(record["cpu"], int)
+    by_kind = {(r["event"], r["comm"]): r for r in records}
+    exec_sh = by_kind["EXEC", "sh"]
+    assert exec_sh["pid"] == pid and exec_sh["ppid"] == os.getpid()
+    assert same_file(exec_sh["filename"], sh)
+    assert exec_sh["exit_event"] is False and exec_sh["duration_ns"] == 0
+    exec_ls = by_kind["EXEC", "ls"]
+    assert exec_ls["ppid"] == pid and same_file(exec_ls["filename"], ls)
+    exit_sh = by_kind["EXIT", "sh"]
+    assert exit_sh["exit_code"] == 7 and exit_sh["exit_event"] is True
+    assert 0 < exit_sh["duration_ns"] < 10 * 10**9
+
+
+# --- stopping, losing, refusing -----------------------------------------------------------
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_cleanly_within_a_second(tracefs: None, sig: int) -> None:
+    # -v: aperf logs "perf stream closed" when the stream is closed in order
+    # (rings freed); libbpf's debug output goes to stderr too.
+    with Tracer("-v") as tracer:
+        tracer.wait_header()
+        rc, elapsed = tracer.stop(sig)
+    assert rc == 0, tracer.stderr
+    assert elapsed < 1.0
+    assert "perf stream closed" in tracer.stderr
+    assert "Traceback" not in tracer.stderr
+    assert tracer.lines.get(timeout=1) is None  # nothing after the header but the end
+
+
+@pytest.mark.kernel
+def test_lost_events_are_reported_on_stderr(tracefs: None) -> None:
+    sh, true, taskset = which("sh"), which("true"), shutil.which("taskset")
+    if taskset is None:
+        pytest.skip("taskset is not installed")
+    cpus = sorted(os.sched_getaffinity(0))
+    with Tracer("--pages", "1") as tracer:  # 4 KiB per CPU: about 22 events
+        tracer.wait_header()
+        # A stopped reader cannot drain: 400 events overflow every CPU's ring.
+        tracer.proc.send_signal(signal.SIGSTOP)
+        try:
+            for cpu in cpus:
+                burst = subprocess.Popen(
+                    [taskset, "-c", str(cpu), sh, "-c", f"for i in $(seq 100); do {true}; done"]
+                )
+                assert finished(burst) == 0
+        finally:
+            tracer.proc.send_signal(signal.SIGCONT)
+
+        # The kernel writes a CPU's lost record in front of the next sample that
+        # fits (after the reader made room): make one sample on each CPU.
+        def flush() -> None:
+            for cpu in cpus:
+                subprocess.run([taskset, "-c", str(cpu), true], check=True)
+
+        tracer.read_until(lambda _: bool(LOST.search(tracer.stderr)), poke=flush)
+        rc, _ = tracer.stop()
+    assert rc == 0
+    reports = [(int(n), int(cpu)) for n, cpu in LOST.findall(tracer.stderr)]
+    assert reports and all(n > 0 and cpu in cpus for n, cpu in reports), tracer.stderr
+
+
+def _unprivileged_wrappers() -> list[Any]:
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0:
+        return [pytest.param([], id="as-is")]  # already unprivileged
+    if setpriv is None:
+        return [pytest.param(None, id="no-setpriv")]
+    return [
+        # A real non-root user. /root is 0700 here and the interpreter lives under
+        # /root/.pyenv, so plain nobody cannot even start it (execve and the stdlib
+        # imports fail with EACCES). The ambient CAP_DAC_READ_SEARCH lets nobody read
+        # (and only read) files; it grants nothing BPF needs.
+        pytest.param(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+             "--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search",
+             "--bounding-set=-all,+dac_read_search"],
+            id="nobody",
+        ),
+        # Root (uid 0) holding no capabilities at all: a uid check alone would pass.
+        pytest.param(
+            [setpriv, "--inh-caps=-all", "--bounding-set=-all"], id="root-without-caps"
+        ),
+    ]
+
+
+@pytest.mark.parametrize("wrapper", _unprivileged_wrappers())
+def test_unprivileged_run_says_what_is_missing(wrapper: list[str] | None) -> None:
+    if wrapper is None:
+        pytest.skip("setpriv (util-linux) is needed to drop privileges")
+    proc = subprocess.run(
+        [*wrapper, sys.executable, "-m", "examples.bootstrap_legacy"],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr  # one sentence, no traceback
+    assert lines[0].startswith("bootstrap_legacy: ")
+    assert "root" in lines[0] and "CAP_BPF" in lines[0]
+
+
+def test_missing_object_says_how_to_build_it(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the privilege check comes first")
+    missing = tmp_path / "nope.bpf.o"
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.bootstrap_legacy", "--object", str(missing)],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"bootstrap_legacy: BPF object {missing} does not exist; build it with: make -C bpf"
+    ]
