@@ -37,3 +37,38 @@ from ._version import libbpf_version as libbpf_version
 from ._version import set_libbpf_verbose as set_libbpf_verbose
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_PAGES",
+    "AperfError",
+    "BPFObject",
+    "BadSample",
+    "BrokenRingError",
+    "BusyResourceError",
+    "ClosedResourceError",
+    "CpuStatistics",
+    "DecodeError",
+    "GlobalValueError",
+    "LibbpfError",
+    "LibbpfUnavailableError",
+    "Link",
+    "Lost",
+    "Map",
+    "MapTypeError",
+    "MissingPrivilegesError",
+    "ObjectError",
+    "ObjectFileError",
+    "ObjectStateError",
+    "PerfBuffer",
+    "PerfStream",
+    "Program",
+    "RingSizeError",
+    "Sample",
+    "StreamStatistics",
+    "UnknownNameError",
+    "VerifierError",
+    "Wakeup",
+    "decoders",
+    "libbpf_version",
+    "set_libbpf_verbose",
+]

@@ -6,8 +6,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PYTHON=.venv/bin/python
 
-"$PYTHON" -m ruff check aperf tests examples bench
+"$PYTHON" -m ruff check aperf tests examples bench scripts
 "$PYTHON" -m mypy aperf
+if ! "$PYTHON" scripts/apidoc.py --check; then
+    echo "docs/api.md is out of date: run python scripts/apidoc.py" >&2
+    exit 1
+fi
 
 status=0
 APERF_REQUIRE_BPF=1 "$PYTHON" -m pytest -q -p no:cacheprovider "$@" || status=$?
