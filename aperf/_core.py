@@ -87,6 +87,11 @@ class StreamCore:
     def full(self) -> bool:
         return self.pending >= self.max_pending
 
+    def count_wakeup(self, cpu: int) -> None:
+        counters = self.counters.get(cpu)
+        if counters is not None:
+            counters[_WAKEUPS] += 1
+
     def woken(self, cpu: int) -> int:
         """A kernel wakeup for ``cpu``: drain it unless the queue is full. Events added."""
         counters = self.counters.get(cpu)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from ._decode import DecoderSpec, resolve_decoder
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
 from ._log import log
-from ._options import Wakeup, resolve_wakeup, ring_pages
+from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
 from ._rings import MapSource, RingSet
 
 
@@ -51,6 +52,7 @@ class PerfBuffer:
         self._wakeup = resolve_wakeup(wakeup)
         decode = resolve_decoder(decoder, source)
         self._epoll: select.epoll | None = None
+        self._last_traffic = time.monotonic()
         self._rings: RingSet | None = RingSet(source, ring_pages(pages, ring_bytes), self._wakeup)
         try:
             self._core = StreamCore(
@@ -99,22 +101,35 @@ class PerfBuffer:
             return self._dispatch()
         assert self._epoll is not None
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
-        slice_s = self._wakeup.max_latency if self._wakeup.batched else None
         while True:
-            wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            now = time.monotonic()
+            wait = -1.0 if deadline is None else max(0.0, deadline - now)
+            slice_s = self._drain_period(now)
             if slice_s is not None and (wait < 0 or wait > slice_s):
                 wait = slice_s  # batched wakeups: look at the rings at least this often
             ready = self._epoll.poll(wait)  # retries EINTR itself (PEP 475)
             for fd, _ in ready:
-                cpu = self._cpu_of_fd.get(fd)
-                if cpu is not None:
-                    core.counters[cpu][3] += 1
+                core.count_wakeup(self._cpu_of_fd[fd])
             if ready or slice_s is not None:
-                core.drain_all(force=True)
+                if core.drain_all(force=True) or ready:
+                    self._last_traffic = time.monotonic()
                 if core.pending:
                     return self._dispatch()
             if deadline is not None and time.monotonic() >= deadline:
                 return 0
+
+    def _drain_period(self, now: float) -> float | None:
+        """How long poll() may wait before looking at the rings (None: only on wakeups).
+
+        As the async stream's drain timer: max_latency while samples flow,
+        idle_latency after IDLE_AFTER seconds without any.
+        """
+        wakeup = self._wakeup
+        if not wakeup.batched:
+            return None
+        if wakeup.idle_latency is not None and now - self._last_traffic >= IDLE_AFTER:
+            return wakeup.idle_latency
+        return wakeup.max_latency
 
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""
@@ -172,7 +187,9 @@ class PerfBuffer:
         return self._rings is None
 
     def statistics(self) -> StreamStatistics:
-        return self._core.statistics()
+        """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force."""
+        stats = self._core.statistics()
+        return dataclasses.replace(stats, drain_period=self._drain_period(time.monotonic()))
 
     def close(self) -> None:
         """Stop waiting, then free the rings (fds closed, map slots deleted). Idempotent."""

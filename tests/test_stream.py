@@ -237,6 +237,19 @@ def test_sync_fallback_poll_consume_and_buffer(producer: Producer) -> None:
     assert_exact(producer, tally, n + 15)
 
 
+def test_sync_poll_relaxes_when_idle(producer: Producer) -> None:
+    got: list[aperf.Sample] = []
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2)
+    with aperf.PerfBuffer(producer.map, pages=64, wakeup=wakeup, on_sample=got.append) as pb:
+        assert pb.statistics().drain_period == 0.002
+        assert pb.poll(timeout_ms=1200) == 0
+        assert pb.statistics().drain_period == 0.2
+        producer.emit(1, cpu=OTHER_CPU)  # below the watermark: found by looking, not woken
+        assert pb.poll(timeout_ms=2000) == 1
+        assert pb.statistics().drain_period == 0.002
+    assert [seq_of(s.data) for s in got] == [0]
+
+
 def test_sync_callback_exception_propagates_and_nothing_is_lost(producer: Producer) -> None:
     seen: list[int] = []
 
