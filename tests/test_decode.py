@@ -206,3 +206,38 @@ async def test_batches_match_per_item_iteration(producer: Producer) -> None:
     assert runs["items"] == [(CPU, i) for i in range(n)]
     assert runs["batches"] == runs["items"]
     assert runs["on_batch"] == runs["items"]
+
+
+@pytest.mark.asyncio
+async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: None) -> None:
+    from .conftest import BPF_DIR
+
+    # An independent mirror of struct event, for this check only (the tracer has none).
+    layout = struct.Struct("<iiI4xQ16s127s?")
+    with aperf.BPFObject(BPF_DIR / "bootstrap_legacy.bpf.o") as obj:
+        obj.load()
+        obj.attach()
+        async with aperf.PerfStream(obj.maps["perf_buffer"], pages=8, decoder="event") as stream:
+            proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", "exit 5")
+            assert await proc.wait() == 5
+            mine = []
+            async with asyncio.timeout(10):
+                async for event in stream:
+                    if event.value.pid == proc.pid:
+                        mine.append(event)
+                        if event.value.exit_event:
+                            break
+    assert [e.value.exit_event for e in mine] == [False, True]
+    for event in mine:
+        assert len(event.data) == 172  # 168 bytes, padded by the kernel
+        pid, ppid, code, duration, comm, filename, is_exit = layout.unpack_from(event.data)
+        value = event.value
+        assert (value.pid, value.ppid, value.exit_code, value.duration_ns) == (
+            pid, ppid, code, duration
+        )
+        assert value.comm == comm.split(b"\0")[0].decode()
+        assert value.filename == filename.split(b"\0")[0].decode()
+        assert value.exit_event is is_exit
+    exec_event, exit_event = (e.value for e in mine)
+    assert exec_event.ppid == os.getpid() and exec_event.filename.endswith("sh")
+    assert exit_event.exit_code == 5 and exit_event.duration_ns > 0
