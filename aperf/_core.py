@@ -26,6 +26,10 @@ from ._ring import RingReader, split_span
 
 DecodeErrorPolicy = Literal["item", "raise", "skip"]
 DEFAULT_MAX_PENDING = 65536
+# Events built at a time for a consumer. Larger batches keep more young objects
+# alive at once and CPython's GC then runs far more often: measured 424 ns/event
+# at 4096, 269 at 256 (244 and 248 with the GC off).
+DEFAULT_BATCH = 256
 Decoder = Callable[[bytes], Any]
 
 # Per-CPU counter slots.

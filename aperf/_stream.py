@@ -10,18 +10,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ._core import DEFAULT_MAX_PENDING, DecodeErrorPolicy, StreamCore
+from ._core import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, StreamCore
 from ._decode import DecoderSpec, resolve_decoder
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import BadSample, Lost, Sample, StreamStatistics
+from ._events import Lost, Sample, StreamStatistics
 from ._log import log
 from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
 from ._rings import MapSource, RingSet
 from ._watch import FdWatcher
 
 Callback = Callable[[Any], Any]
-DEFAULT_BATCH = 4096
-_ITER_BATCH = 256  # events built at a time for async for
+_ITER_BATCH = DEFAULT_BATCH
 
 
 async def _call(callback: Callable[[Any], Any], arg: Any) -> None:
@@ -210,8 +209,11 @@ class PerfStream:
             core.push_failure(exc)
             added = 1
         if added:
-            self._quiet_ticks = 0
             self._wake()
+        if added or core.paused:
+            # Backpressure is not silence: a paused stream finds nothing because
+            # it does not look, and must not drift to the idle period.
+            self._quiet_ticks = 0
         else:
             self._quiet_ticks += 1
         self._timer = self._loop.call_later(self._timer_period(), self._tick)
@@ -350,25 +352,32 @@ class PerfStream:
             if self._on_batch is not None:
                 await _call(self._on_batch, batch)
                 continue
-            for index, event in enumerate(batch):
-                try:
-                    await self._dispatch(event)
-                except BaseException:
-                    self._put_back(batch[index + 1 :])
-                    raise
+            await self._dispatch(batch)
 
-    async def _dispatch(self, event: Any) -> None:
-        cls = event.__class__
-        if cls is Sample:
-            assert self._on_sample is not None
-            await _call(self._on_sample, event)
-        elif cls is Lost:
-            if self._on_lost is not None:
-                await _call(self._on_lost, event)
-        elif cls is BadSample:
-            if self._on_decode_error is None:
-                raise event.error
-            await _call(self._on_decode_error, event)
+    async def _dispatch(self, batch: list[Any]) -> None:
+        # The callback is called inline and awaited only when it returned an
+        # awaitable: a coroutine layer per event cost ~290 ns (measured).
+        on_sample, on_lost = self._on_sample, self._on_lost
+        isawaitable = inspect.isawaitable
+        index = 0
+        try:
+            for index, event in enumerate(batch):  # noqa: B007 - index is used on error
+                cls = event.__class__
+                if cls is Sample:
+                    result = on_sample(event)  # type: ignore[misc]
+                elif cls is Lost:
+                    if on_lost is None:
+                        continue
+                    result = on_lost(event)
+                elif self._on_decode_error is not None:
+                    result = self._on_decode_error(event)
+                else:
+                    raise event.error
+                if isawaitable(result):
+                    await result
+        except BaseException:
+            self._put_back(batch[index + 1 :])
+            raise
 
     # --- introspection -------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._core import DecodeErrorPolicy, StreamCore
+from ._core import DEFAULT_BATCH, DecodeErrorPolicy, StreamCore
 from ._decode import DecoderSpec, resolve_decoder
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
@@ -152,7 +152,7 @@ class PerfBuffer:
         core = self._core
         handled = 0
         while True:
-            batch = core.take(4096)
+            batch = core.take(DEFAULT_BATCH)
             if not batch:
                 return handled
             for index, event in enumerate(batch):

@@ -373,6 +373,19 @@ async def test_drain_timer_relaxes_when_idle_and_tightens_on_traffic(producer: P
 
 
 @pytest.mark.asyncio
+async def test_backpressure_is_not_mistaken_for_idleness(producer: Producer) -> None:
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2)
+    async with aperf.PerfStream(
+        producer.map, pages=64, wakeup=wakeup, max_pending=10
+    ) as stream:
+        producer.emit(100, cpu=OTHER_CPU)
+        await asyncio.sleep(1.5)  # nobody reads: paused, the timer finds nothing it may take
+        stats = stream.statistics()
+        assert stats.paused and stats.drain_period == 0.002
+        assert [seq_of(e.data) async for e in take(stream, 100)] == list(range(100))
+
+
+@pytest.mark.asyncio
 async def test_cancel_consumer_mid_stream_and_resume(producer: Producer) -> None:
     n = 20_000
     tally = Tally()
