@@ -1,0 +1,248 @@
+"""What the benchmark runs: producers, consumers, and the scenarios pairing them.
+
+A scenario is one producer run read by one consumer process. Names read
+``GROUP/CONSUMER``, e.g. ``flat32/aperf.aiter.btf@uvloop``; ``--only`` takes
+shell patterns over names and group names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PEER_PAGES = 128  # aperf's default ring (aperf.DEFAULT_PAGES): every consumer gets the same
+BALANCED_WATERMARK = 128 * 4096 // 4  # aperf's default wakeup: a quarter of the ring
+DRAIN_MS = 1  # aperf's default drain timer period (Wakeup.balanced: max_latency=1 ms)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    group: str
+    consumer: dict[str, Any]
+    producer: dict[str, Any]
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def impl(self) -> str:
+        return str(self.consumer["impl"])
+
+    @property
+    def key(self) -> str:
+        c = self.consumer
+        if c["impl"] == "aperf":
+            key = f"aperf.{c['mode']}{c.get('max_items') or ''}.{c.get('decoder') or 'raw'}"
+            if c.get("wakeup"):
+                key += f".{c['wakeup']}"
+            return key + f"@{c.get('loop', 'asyncio')}" if c["mode"] != "sync" else key
+        if c["impl"] == "libbpf":
+            return f"libbpf.{'per-sample' if c['wakeup'] == 'default' else 'watermark'}"
+        if c["impl"] == "bcc":
+            return f"bcc.{c['mode']}.w{c['wakeup']}" if c["mode"] != "attach-only" else "bcc.none"
+        return str(c["impl"])
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}/{self.key}"
+
+    @property
+    def label(self) -> str:
+        return consumer_label(self.consumer)
+
+
+MODE_LABELS = {
+    "aiter": "async for",
+    "batches": "batches()",  # aperf's default max_items unless the scenario names one
+    "callback": "callback on_sample",
+    "on_batch": "callback on_batch",
+    "sync": "sync PerfBuffer.poll",
+    "slow": "slow async for",
+}
+
+
+WAKEUP_LABELS = {"strict": "default with idle_latency=1 ms (Wakeup.balanced(idle_latency=0.001))"}
+
+
+def consumer_label(c: dict[str, Any]) -> str:
+    impl = c["impl"]
+    if impl == "aperf":
+        decoder = {None: "raw", "btf": "BTF", "struct": "struct"}[c.get("decoder")]
+        mode = MODE_LABELS[c["mode"]]
+        if c.get("max_items"):
+            mode = mode.replace("()", f"(max_items={c['max_items']})")
+        text = f"aperf {mode}, {decoder}"
+        if c["mode"] != "sync":
+            text += f", {c.get('loop', 'asyncio')}"
+        wakeup = c.get("wakeup") or "default"
+        return text + f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
+    if impl == "libbpf":
+        if c["wakeup"] == "default":
+            return "libbpf C perf_buffer__poll, wakeup per sample"
+        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {DRAIN_MS} ms drain"
+    if impl == "bcc":
+        if c["mode"] == "attach-only":
+            return "BCC program, no consumer (baseline)"
+        how = "counting" if c["mode"] == "count" else 'b["events"].event()'
+        drain = f" + {DRAIN_MS} ms drain" if c["wakeup"] > 1 else ""
+        return f"BCC perf_buffer_poll, {how}, wakeup_events={c['wakeup']}{drain}"
+    if impl == "none":
+        return "program attached, no consumer (baseline)"
+    if impl == "noprog":
+        return "no BPF program (bare workload)"
+    raise ValueError(impl)
+
+
+def aperf(mode: str, decoder: str | None = None, loop: str = "asyncio",
+          wakeup: str | None = None, max_items: int | None = None) -> dict[str, Any]:
+    c = {"impl": "aperf", "mode": mode, "decoder": decoder, "loop": loop, "wakeup": wakeup}
+    if max_items:
+        c["max_items"] = max_items  # batches(): aperf's default when absent
+    return c
+
+
+LIBBPF_PER_SAMPLE = {"impl": "libbpf", "wakeup": "default", "pages": PEER_PAGES, "drain_ms": 0}
+LIBBPF_MATCHED = {
+    "impl": "libbpf",
+    "wakeup": f"watermark:{BALANCED_WATERMARK}",
+    "pages": PEER_PAGES,
+    "drain_ms": DRAIN_MS,
+}
+
+
+def bcc(mode: str, wakeup: int = 1) -> dict[str, Any]:
+    return {"impl": "bcc", "mode": mode, "wakeup": wakeup, "pages": PEER_PAGES,
+            "drain_ms": DRAIN_MS}
+
+
+def per_sample(c: dict[str, Any]) -> bool:
+    """Does this consumer ask for a wakeup per sample?"""
+    return c.get("wakeup") in ("lowest-latency", "default", 1)
+
+
+def all_scenarios(quick: bool) -> list[Scenario]:
+    out: list[Scenario] = []
+
+    # 1. The deterministic producer flat out (issues 3 and 5): every consumer kind.
+    for size, count in ((32, 2_000_000 if quick else 8_000_000),
+                        (256, 1_000_000 if quick else 4_000_000)):
+        producer = {"kind": "burst", "count": count, "size": size}
+        group = f"flat{size}"
+        consumers = [
+            aperf("aiter"),
+            aperf("aiter", loop="uvloop"),
+            aperf("aiter", "struct"),
+            aperf("aiter", "btf"),
+            aperf("aiter", "btf", loop="uvloop"),
+            aperf("batches"),
+            aperf("batches", "btf"),
+            aperf("batches", "btf", max_items=256),
+            aperf("callback"),
+            aperf("on_batch"),
+            aperf("on_batch", "btf"),
+            aperf("sync"),
+            aperf("sync", "btf"),
+            aperf("aiter", wakeup="lowest-latency"),
+            LIBBPF_MATCHED,
+            LIBBPF_PER_SAMPLE,
+        ]
+        if quick and size == 256:
+            consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
+                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED]
+        # A wakeup per sample holds the producer near 110 k/s: fewer samples for those.
+        slow = dict(producer, count=150_000 if quick else 300_000)
+        out += [Scenario(group, c, slow if per_sample(c) else producer) for c in consumers]
+
+    # 2. Paced at 2.5 M/s: the rate issues 3 and 5 name, below the producer's peak.
+    producer = {"kind": "paced", "rate": 2_500_000, "seconds": 1.0 if quick else 2.0,
+                "size": 32, "period": 0.001}
+    consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", "btf"),
+                 aperf("aiter", "btf", loop="uvloop"), aperf("batches", "btf"),
+                 aperf("batches", "btf", max_items=256), LIBBPF_MATCHED]
+    out += [Scenario("paced2.5M", c, producer) for c in consumers]
+
+    # 3. Paced at 1 k/s and 100 k/s: latency (issue 6), every sample timed.
+    for group, rate, seconds in (("paced1k", 1_000, 2.0 if quick else 5.0),
+                                 ("paced100k", 100_000, 1.0 if quick else 3.0)):
+        producer = {"kind": "paced", "rate": rate, "seconds": seconds, "size": 32,
+                    "period": 0.001}
+        consumers = [
+            aperf("aiter"),
+            aperf("aiter", loop="uvloop"),
+            aperf("aiter", "btf"),
+            aperf("callback"),
+            aperf("sync"),
+            aperf("aiter", wakeup="lowest-latency"),
+            aperf("aiter", wakeup="lowest-latency", loop="uvloop"),
+            aperf("aiter", wakeup="throughput"),
+            LIBBPF_PER_SAMPLE,
+            LIBBPF_MATCHED,
+        ]
+        if quick:
+            consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", "btf"),
+                         aperf("aiter", wakeup="lowest-latency"), LIBBPF_PER_SAMPLE,
+                         LIBBPF_MATCHED]
+        out += [Scenario(group, c, producer, extra={"lat_every": 1}) for c in consumers]
+
+    # 4. A real workload: getpid() traced by a tracepoint program (issue 6: its slowdown).
+    seconds = 1.0 if quick else 2.0
+    py_consumers = [
+        {"impl": "noprog"},
+        {"impl": "none"},
+        aperf("aiter"),
+        aperf("aiter", "btf"),
+        aperf("aiter", wakeup="lowest-latency"),
+        LIBBPF_PER_SAMPLE,
+        LIBBPF_MATCHED,
+        bcc("attach-only"),
+        bcc("count", 1),
+        bcc("event", 1),
+        bcc("event", 64),
+    ]
+    c_consumers = [
+        {"impl": "noprog"},
+        {"impl": "none"},
+        aperf("aiter"),
+        aperf("aiter", "btf"),
+        aperf("aiter", "btf", loop="uvloop"),
+        aperf("batches", "btf"),
+        aperf("sync", "btf"),
+        aperf("aiter", wakeup="lowest-latency"),
+        LIBBPF_MATCHED,
+        LIBBPF_PER_SAMPLE,
+        bcc("attach-only"),
+        bcc("count", 64),
+        bcc("event", 64),
+        bcc("count", 1),
+        bcc("event", 1),
+    ]
+    if quick:
+        py_consumers = [c for c in py_consumers if c not in (bcc("count", 1),)]
+        c_consumers = [c for c in c_consumers
+                       if c not in (aperf("aiter", "btf", loop="uvloop"), aperf("sync", "btf"),
+                                    bcc("count", 1))]
+    out += [Scenario("getpid-py", c, {"kind": "getpid", "driver": "python", "seconds": seconds})
+            for c in py_consumers]
+    out += [Scenario("getpid-c", c, {"kind": "getpid", "driver": "c", "seconds": seconds})
+            for c in c_consumers]
+
+    # 5. Idle: what an open stream costs when nothing happens (the drain timer's price).
+    # The default timer stretches its period to idle_latency after 1 s with nothing found;
+    # "strict" keeps the 1 ms period (Wakeup.balanced(idle_latency=0.001)).
+    producer = {"kind": "idle", "seconds": 3.0 if quick else 10.0}
+    consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"),
+                 aperf("aiter", wakeup="lowest-latency"), aperf("aiter", wakeup="strict"),
+                 aperf("aiter", wakeup="throughput"), LIBBPF_MATCHED, LIBBPF_PER_SAMPLE]
+    if quick:
+        consumers = [aperf("aiter"), aperf("aiter", wakeup="lowest-latency"),
+                     aperf("aiter", wakeup="strict"), LIBBPF_MATCHED]
+    out += [Scenario("idle", c, producer) for c in consumers]
+
+    # 6. Memory: a consumer slower than the producer for a long time; RSS must stay flat.
+    out.append(Scenario(
+        "memory",
+        aperf("slow"),
+        {"kind": "paced", "rate": 1_000_000, "seconds": 20.0 if quick else 300.0, "size": 32,
+         "period": 0.001},
+        extra={"lat_every": 1024},
+    ))
+    return out

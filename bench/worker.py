@@ -1,0 +1,225 @@
+"""One aperf consumer of the benchmark, alone in its process (started by bench/run.py).
+
+usage: python bench/worker.py SPEC_JSON
+
+SPEC_JSON fields:
+  map        path of the pinned perf event array to read
+  mode       "aiter" (async for), "batches" (stream.batches()), "callback" (on_sample +
+             run()), "on_batch" (on_batch + run()), "sync" (PerfBuffer.poll), "slow"
+             (async for that sleeps 1 ms at every timed sample, for the memory scenario)
+  loop       "asyncio" or "uvloop"
+  decoder    null (raw bytes), "btf" (from_btf on bench_getpid.bpf.o), "struct"
+  size       sample size in bytes (32 or 256): picks the decoded type
+  max_items  batches(max_items=...), absent for aperf's default
+  wakeup     null (aperf's default), a preset name, "every:N", or "strict" (the
+             default's timer without its idle stretch: Wakeup.balanced(idle_latency=0.001))
+  pages      pages per CPU ring, null for aperf's default
+  cpu        the CPU to pin this process to
+  lat_every  take the latency of every lat_every-th sample (a power of two)
+  lat_path   where to write those latencies (array('q'), native endian)
+  btf_object path of bench_getpid.bpf.o
+
+Protocol: that of bench/common.py; on SIGUSR1 the stream is closed, which hands
+over what the rings still hold. The per-sample work is the same in every mode:
+count it, and for every lat_every-th sample read its timestamp (the raw bytes at
+offset 8, or the decoded ``ts`` field) against ``time.monotonic_ns()``, which reads
+the clock bpf_ktime_get_ns() reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from common import Tally, rss_kb, start
+
+import aperf
+
+Sample = aperf.Sample
+_TS = struct.Struct("<8xQ")
+STRUCT_FORMATS = {32: "<QQQQ", 256: "<QQII16s200sQQ"}
+BTF_TYPES = {32: "bench_sample32", 256: "bench_sample256"}
+SLOW_PAUSE = 0.001  # the "slow" consumer's sleep at every timed sample
+
+
+def make_decoder(spec: dict[str, Any]) -> Any:
+    kind = spec.get("decoder")
+    if kind is None:
+        return None
+    if kind == "struct":
+        return struct.Struct(STRUCT_FORMATS[spec["size"]])
+    if kind == "btf":
+        with aperf.BPFObject(spec["btf_object"]) as obj:
+            return aperf.decoders.from_btf(obj, BTF_TYPES[spec["size"]])
+    raise ValueError(f"unknown decoder {kind!r}")
+
+
+def make_wakeup(text: str | None) -> Any:
+    if text is None:
+        return None
+    if text.startswith("every:"):
+        return aperf.Wakeup.every(int(text.split(":", 1)[1]))
+    if text == "strict":
+        return aperf.Wakeup.balanced(idle_latency=0.001)
+    return text
+
+
+def timestamp_getter(spec: dict[str, Any]) -> Callable[[Any], int]:
+    """sample -> its ktime ns, read the way a user of that decoder would."""
+    kind = spec.get("decoder")
+    if kind is None:
+        ts_of = _TS.unpack_from
+        return lambda ev: ts_of(ev.data)[0]
+    if kind == "struct":
+        return lambda ev: ev.value[1]
+    return lambda ev: ev.value.ts
+
+
+# --- the consumers ------------------------------------------------------------------------
+# The per-sample body stands inline in each loop, as a user would write it.
+
+
+async def consume_aiter(stream: aperf.PerfStream, t: Tally, ts_of: Callable[[Any], int],
+                        pause: float = 0.0) -> None:
+    """``async for``; with ``pause``, a sleep at every timed sample (the slow consumer)."""
+    n = lost = 0
+    mask, lat, mono, last = t.mask, t.lat, time.monotonic_ns, 0
+    try:
+        async for ev in stream:
+            if ev.__class__ is Sample:
+                n += 1
+                if not n & mask:
+                    last = mono()
+                    lat.append(last - ts_of(ev))
+                    if pause:
+                        await asyncio.sleep(pause)
+            else:
+                lost += ev.count
+    finally:
+        t.samples, t.lost, t.t_last = n, lost, last
+
+
+def batch_counter(t: Tally, ts_of: Callable[[Any], int]) -> Callable[[list[Any]], None]:
+    """A function counting a batch of events into ``t``: ``on_batch``, and the body
+    of the ``batches()`` loop."""
+    mask, lat, mono = t.mask, t.lat, time.monotonic_ns
+
+    def on_batch(batch: list[Any]) -> None:
+        n, lost, last = t.samples, t.lost, t.t_last
+        for ev in batch:
+            if ev.__class__ is Sample:
+                n += 1
+                if not n & mask:
+                    last = mono()
+                    lat.append(last - ts_of(ev))
+            else:
+                lost += ev.count
+        t.samples, t.lost, t.t_last = n, lost, last
+
+    return on_batch
+
+
+def sample_callbacks(t: Tally, ts_of: Callable[[Any], int]) -> dict[str, Any]:
+    """``on_sample`` and ``on_lost`` counting into ``t``."""
+    mask, lat, mono = t.mask, t.lat, time.monotonic_ns
+
+    def on_sample(ev: Any) -> None:
+        t.samples += 1
+        if not t.samples & mask:
+            t.t_last = now = mono()
+            lat.append(now - ts_of(ev))
+
+    def on_lost(ev: Any) -> None:
+        t.lost += ev.count
+
+    return {"on_sample": on_sample, "on_lost": on_lost}
+
+
+async def sample_rss(series: list[tuple[float, int]], start: float) -> None:
+    while True:
+        series.append((round(time.monotonic() - start, 3), rss_kb()))
+        await asyncio.sleep(1.0)
+
+
+def ring_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """What PerfStream and PerfBuffer take alike from the spec."""
+    return {"pages": spec.get("pages"), "decoder": make_decoder(spec),
+            "wakeup": make_wakeup(spec.get("wakeup"))}
+
+
+async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]],
+                    ) -> aperf.StreamStatistics:
+    mode = spec["mode"]
+    ts_of = timestamp_getter(spec)
+    callbacks: dict[str, Any] = {}
+    if mode == "callback":
+        callbacks = sample_callbacks(t, ts_of)
+    elif mode == "on_batch":
+        callbacks = {"on_batch": batch_counter(t, ts_of)}
+    stream = aperf.PerfStream(spec["map"], **ring_options(spec), **callbacks)
+    stats: list[aperf.StreamStatistics] = []
+    async with stream:
+        closing: list[asyncio.Task[None]] = []
+
+        def finish() -> None:
+            stats.append(stream.statistics())  # before close: counters of the open stream
+            closing.append(asyncio.ensure_future(stream.aclose()))
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, finish)
+        rss_task = None
+        if mode == "slow":
+            rss_task = asyncio.ensure_future(sample_rss(rss, time.monotonic()))
+        t.ready()
+        if mode in ("aiter", "slow"):
+            await consume_aiter(stream, t, ts_of, SLOW_PAUSE if mode == "slow" else 0.0)
+        elif mode == "batches":
+            count = batch_counter(t, ts_of)
+            sizing = {"max_items": spec["max_items"]} if spec.get("max_items") else {}
+            async for batch in stream.batches(**sizing):
+                count(batch)
+        elif mode in ("callback", "on_batch"):
+            await stream.run()
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        if rss_task is not None:
+            rss_task.cancel()
+        await asyncio.gather(*closing)
+    return stats[0]
+
+
+def run_sync(spec: dict[str, Any], t: Tally) -> aperf.StreamStatistics:
+    finished = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: finished.set())
+    with aperf.PerfBuffer(spec["map"], **ring_options(spec),
+                          **sample_callbacks(t, timestamp_getter(spec))) as pb:
+        t.ready()
+        while not finished.is_set():
+            pb.poll(timeout_ms=10)
+        pb.consume()
+        return pb.statistics()
+
+
+def main() -> None:
+    spec = start()
+    t = Tally(spec.get("lat_every", 64))
+    rss: list[tuple[float, int]] = []
+    if spec["mode"] == "sync":
+        stats = run_sync(spec, t)
+    elif spec["loop"] == "uvloop":
+        import uvloop
+
+        stats = uvloop.run(run_async(spec, t, rss))
+    else:
+        stats = asyncio.run(run_async(spec, t, rss))
+    t.report(spec["lat_path"], wakeups=stats.wakeups, ring_bytes=stats.ring_bytes,
+             memory_bytes=stats.memory_bytes, drain_period=stats.drain_period,
+             rss_series=rss)
+
+
+if __name__ == "__main__":
+    main()
