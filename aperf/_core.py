@@ -166,6 +166,17 @@ class StreamCore:
             added += self.drain(cpu, force=force)
         return added
 
+    def drain_filling(self) -> int:
+        """Drain the rings that are at least a quarter full (unless the queue is full)."""
+        if self.pending >= self.max_pending:
+            return 0
+        threshold = self.ring_bytes >> 2
+        added = 0
+        for cpu, reader in list(self.readers.items()):
+            if reader.pending_bytes() >= threshold:
+                added += self.drain(cpu)
+        return added
+
     def maybe_resume(self) -> int:
         """After the consumer took events: resume draining once below the low-water mark."""
         if not self.paused or self.pending >= self.resume_below:
