@@ -306,7 +306,8 @@ class PerfStream:
                 held.clear()
                 return batch
             return [held.popleft() for _ in range(max_items)]
-        batch = core.take(max_items)
+        # Drain before taking: what this drains must be in this batch, or a consumer
+        # that finds the batch empty would wait for a wakeup that never comes.
         try:
             if core.paused:
                 core.maybe_resume()
@@ -319,7 +320,7 @@ class PerfStream:
                 core.drain_filling()
         except Exception as exc:  # pragma: no cover - drain converts ring errors itself
             core.push_failure(exc)
-        return batch
+        return core.take(max_items)
 
     def _put_back(self, events: list[Any]) -> None:
         self._held.extendleft(reversed(events))

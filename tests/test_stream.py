@@ -386,6 +386,20 @@ async def test_backpressure_is_not_mistaken_for_idleness(producer: Producer) -> 
 
 
 @pytest.mark.asyncio
+async def test_events_drained_while_taking_are_handed_over_at_once(producer: Producer) -> None:
+    # No wakeup (watermark not reached) and no timer tick for a minute: only the
+    # consumer's own look at filling rings finds these samples, and it must not
+    # then go to sleep on an empty batch.
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=60)
+    async with aperf.PerfStream(producer.map, pages=4, wakeup=wakeup) as stream:
+        producer.emit(125, size=32, cpu=OTHER_CPU)  # 5000 bytes: over a quarter of 16 KiB
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert seq_of(first.data) == 0
+        rest = [seq_of(e.data) async for e in take(stream, 124)]
+        assert rest == list(range(1, 125))
+
+
+@pytest.mark.asyncio
 async def test_cancel_consumer_mid_stream_and_resume(producer: Producer) -> None:
     n = 20_000
     tally = Tally()
