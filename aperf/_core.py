@@ -87,10 +87,6 @@ class StreamCore:
 
     # --- draining -------------------------------------------------------------------
 
-    @property
-    def full(self) -> bool:
-        return self.pending >= self.max_pending
-
     def count_wakeup(self, cpu: int) -> None:
         counters = self.counters.get(cpu)
         if counters is not None:

@@ -16,7 +16,7 @@ import re
 import struct
 from collections import namedtuple
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from . import _libbpf as lb
 from ._errors import UnknownNameError
@@ -25,11 +25,6 @@ Decoder = Callable[[bytes], Any]
 DecoderSpec = Decoder | struct.Struct | str | type | None
 
 _IDENTIFIER = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class _HasObject(Protocol):
-    @property
-    def object(self) -> Any: ...
 
 
 def c_string(raw: bytes) -> str:

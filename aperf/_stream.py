@@ -17,7 +17,7 @@ from ._events import Lost, Sample, StreamStatistics
 from ._log import log
 from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
 from ._rings import MapSource, RingSet
-from ._watch import FdWatcher
+from ._watch import FdWatcher, RingWatcher
 
 Callback = Callable[[Any], Any]
 _ITER_BATCH = DEFAULT_BATCH
@@ -69,7 +69,7 @@ class PerfStream:
         self._on_decode_error = on_decode_error
         self._rings: RingSet | None = None
         self._core: StreamCore | None = None
-        self._watcher: FdWatcher | None = None
+        self._watcher: RingWatcher | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._quiet_ticks = 0  # drain-timer ticks in a row that found nothing
         self._idle = False  # the drain timer runs at idle_latency
@@ -197,6 +197,8 @@ class PerfStream:
             added = 1
         if self._idle:
             self._end_idle()
+        if cpu in core.broken and self._watcher is not None:
+            self._watcher.forget(cpu)
         if added:
             self._wake()
 

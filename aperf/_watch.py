@@ -15,6 +15,8 @@ from typing import Protocol
 
 
 class RingWatcher(Protocol):
+    def forget(self, cpu: int) -> None: ...
+
     def stop(self) -> None: ...
 
 
@@ -28,23 +30,24 @@ class FdWatcher:
         on_ready: Callable[[int], None],
     ) -> None:
         self._loop = loop
-        self._fds: list[int] = []
+        self._fds: dict[int, int] = {}  # cpu -> registered fd
         try:
             for cpu, fd in fds.items():
                 loop.add_reader(fd, on_ready, cpu)
-                self._fds.append(fd)
+                self._fds[cpu] = fd
         except BaseException:
             self.stop()
             raise
 
-    def forget(self, fd: int) -> None:
-        if fd in self._fds:
-            self._fds.remove(fd)
+    def forget(self, cpu: int) -> None:
+        """Stop watching one CPU's ring (it broke: its wakeups would only be ignored)."""
+        fd = self._fds.pop(cpu, None)
+        if fd is not None and not self._loop.is_closed():
             self._loop.remove_reader(fd)
 
     def stop(self) -> None:
         """Remove every registration (before the fds are closed: their numbers get reused)."""
-        fds, self._fds = self._fds, []
+        fds, self._fds = list(self._fds.values()), {}
         if self._loop.is_closed():
             return
         for fd in fds:

@@ -119,7 +119,7 @@ def test_core_pauses_when_full_and_resumes_by_draining_every_ring() -> None:
     for i in range(12):
         rings[0].write(encode_sample(struct.pack("<Q", i)))
     assert core.woken(0) == 12  # one span is taken whole
-    assert core.full
+    assert core.pending >= core.max_pending
     rings[1].write(encode_sample(struct.pack("<Q", 100)))
     assert core.woken(1) == 0 and core.paused  # full: the ring keeps its data
     assert rings[1].head != rings[1].tail

@@ -78,6 +78,7 @@ def _load_library() -> ctypes.CDLL:
         lib = ctypes.CDLL(path, use_errno=True)
     except OSError as exc:
         raise LibbpfUnavailableError(f"cannot load {path!r} ({exc}); {INSTALL_HINT}") from None
+    # Checked on the raw library here, before the prototypes below can bind to it.
     try:
         get_major = lib.libbpf_major_version
         get_minor = lib.libbpf_minor_version
@@ -194,7 +195,6 @@ def version_string() -> str:
     return raw.decode() if raw else f"v{major}.{minor}"
 
 
-c_int_p = ctypes.POINTER(ctypes.c_int)
 c_size_t_p = ctypes.POINTER(ctypes.c_size_t)
 c_uint32_p = ctypes.POINTER(ctypes.c_uint32)
 
@@ -228,9 +228,6 @@ bpf_map__fd = plain_fn("bpf_map__fd", ctypes.c_int, ctypes.c_void_p)
 bpf_map__type = plain_fn("bpf_map__type", ctypes.c_int, ctypes.c_void_p)
 bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
-bpf_map__btf_value_type_id = plain_fn(
-    "bpf_map__btf_value_type_id", ctypes.c_uint32, ctypes.c_void_p
-)
 bpf_map__pin = int_fn("bpf_map__pin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__unpin = int_fn("bpf_map__unpin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__initial_value = plain_fn(
@@ -271,7 +268,6 @@ btf__name_by_offset = plain_fn(
     "btf__name_by_offset", ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32
 )
 btf__resolve_size = plain_fn("btf__resolve_size", ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint32)
-btf__resolve_type = int_fn("btf__resolve_type", ctypes.c_void_p, ctypes.c_uint32)
 
 # --- perf buffers ---------------------------------------------------------------------
 PERF_EVENT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
