@@ -94,10 +94,7 @@ class StreamCore:
 
     def woken(self, cpu: int) -> int:
         """A kernel wakeup for ``cpu``: drain it unless the queue is full. Events added."""
-        counters = self.counters.get(cpu)
-        if counters is None:
-            return 0
-        counters[_WAKEUPS] += 1
+        self.count_wakeup(cpu)
         return self.drain(cpu)
 
     def _pause(self, cpu: int) -> None:
@@ -226,13 +223,13 @@ class StreamCore:
             out.append(seg)
         return out
 
-    def _build(self, chunk: _Chunk, payloads: list[bytes], out: list[Any]) -> bool:
+    def _build(self, chunk: _Chunk, payloads: list[bytes], out: list[Any]) -> None:
         cpu = chunk.cpu
         decoder = self.decoder
         if decoder is None:
             rows = zip(_repeat(cpu), payloads, _NONES, strict=False)
             out.extend(map(_tuple_new, _repeat(Sample), rows))
-            return True
+            return
         if (
             chunk.uniform
             and isinstance(decoder, SizedDecoder)
@@ -242,16 +239,15 @@ class StreamCore:
             values = decoder.decode_many(payloads)
             rows = zip(_repeat(cpu), payloads, values, strict=False)
             out.extend(map(_tuple_new, _repeat(Sample), rows))
-            return True
+            return
         for index, data in enumerate(payloads):
             try:
                 value = decoder(data)
             except Exception as exc:
                 if not self._decode_failed(chunk, payloads, index, exc, out):
-                    return False
+                    return  # "raise": the rest went back to the queue behind the error
                 continue
             out.append(_tuple_new(Sample, (cpu, data, value)))
-        return True
 
     def _decode_failed(
         self, chunk: _Chunk, payloads: list[bytes], index: int, exc: Exception, out: list[Any]

@@ -151,7 +151,7 @@ class _BtfCompiler:
         self.fmt: list[str] = []
         self.fields = 0  # how many values the flat format yields so far
         self.pos = 0  # byte position the format has reached
-        self.env: dict[str, Any] = {"_s": c_string, "_tn": tuple.__new__}
+        self.env: dict[str, Any] = {"_tn": tuple.__new__}
         self.last_record = ""
 
     def _pad_to(self, offset: int) -> None:

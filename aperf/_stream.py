@@ -245,11 +245,9 @@ class PerfStream:
     def _end_idle(self) -> None:
         """Traffic after a silence: bring the drain timer back to max_latency now."""
         self._quiet_ticks = 0
-        if self._idle and self._timer is not None and self._loop is not None:
+        if self._timer is not None:
             self._timer.cancel()
-            self._idle = False
-            assert self._wakeup.max_latency is not None
-            self._timer = self._loop.call_later(self._wakeup.max_latency, self._tick)
+            self._start_timer()
 
     def _wake(self) -> None:
         waiter = self._waiter

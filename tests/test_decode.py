@@ -113,14 +113,18 @@ async def test_decoder_longer_than_the_sample_yields_error_items(producer: Produ
         assert isinstance(good, aperf.Sample) and good.value.seq == 10
 
 
+def emit_short_long_short_long(producer: Producer, stream: aperf.PerfStream) -> None:
+    for size in (32, 64, 32, 64):  # TooLong fits only the 64-byte ones
+        producer.emit(1, size=size, cpu=CPU)
+    stream.flush()
+
+
 @pytest.mark.asyncio
 async def test_raise_and_skip_policies(producer: Producer) -> None:
     async with aperf.PerfStream(
         producer.map, pages=64, decoder=TooLong, decode_errors="raise"
     ) as stream:
-        for size in (32, 64, 32, 64):
-            producer.emit(1, size=size, cpu=CPU)
-        stream.flush()
+        emit_short_long_short_long(producer, stream)
         outcomes = []
         for _ in range(4):
             try:
@@ -133,9 +137,7 @@ async def test_raise_and_skip_policies(producer: Producer) -> None:
     async with aperf.PerfStream(
         producer.map, pages=64, decoder=TooLong, decode_errors="skip"
     ) as stream:
-        for size in (32, 64, 32, 64):
-            producer.emit(1, size=size, cpu=CPU)
-        stream.flush()
+        emit_short_long_short_long(producer, stream)
         assert [e.value.seq async for e in take(stream, 2)] == [5, 7]
         assert stream.statistics().decode_errors == 2
 
