@@ -1,6 +1,16 @@
-"""aperf: BPF perf event arrays as asyncio event streams.
+"""aperf: BPF event rings as async event streams.
 
-The public API is re-exported here; the modules behind it are private.
+The public API is re-exported here; the modules behind it are private. Their
+layout, bottom up (nothing imports upward):
+
+- ``_errors``, ``_events``, ``_options``: the vocabulary (errors, events, settings)
+- ``_libbpf/``: the only package that speaks ctypes (libbpf's prototypes)
+- ``_object``, ``_btf``: BPF objects, and everything read from BTF
+- ``_perf_format``, ``_decode``: sans-I/O perf ring arithmetic, records, decoders
+- ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays)
+  and ``_fake`` (``aperf.testing.FakeRingSource``) implement it
+- ``_reader``: the one reading policy (queue, drain clock, dispatch, backpressure)
+- ``_setup``, ``_loops``, ``_stream``, ``_sync``: the drivers (async, sync) that only wait
 """
 
 from . import decoders as decoders
@@ -22,9 +32,12 @@ from ._errors import UnknownNameError as UnknownNameError
 from ._errors import VerifierError as VerifierError
 from ._events import BadSample as BadSample
 from ._events import CpuStatistics as CpuStatistics
+from ._events import Event as Event
 from ._events import Lost as Lost
 from ._events import Sample as Sample
 from ._events import StreamStatistics as StreamStatistics
+from ._libbpf import libbpf_version as libbpf_version
+from ._libbpf import set_libbpf_verbose as set_libbpf_verbose
 from ._object import BPFObject as BPFObject
 from ._object import Link as Link
 from ._object import Map as Map
@@ -33,10 +46,8 @@ from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
 from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
-from ._version import libbpf_version as libbpf_version
-from ._version import set_libbpf_verbose as set_libbpf_verbose
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 
 __all__ = [
     "DEFAULT_PAGES",
@@ -48,6 +59,7 @@ __all__ = [
     "ClosedResourceError",
     "CpuStatistics",
     "DecodeError",
+    "Event",
     "GlobalValueError",
     "LibbpfError",
     "LibbpfUnavailableError",

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar, Union
 
 from ._errors import DecodeError
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
-class Sample(NamedTuple):
-    """One ``bpf_perf_event_output()`` record.
+if sys.version_info >= (3, 11) or TYPE_CHECKING:
 
-    ``data`` is a ``bytes`` object owned by the caller (never a view of ring
-    memory). The kernel pads raw samples: ``len(data)`` is ``round_up(S + 4, 8) - 4``
-    for an S-byte output. ``value`` is the decoder's result, or None without one.
-    """
+    class Sample(NamedTuple, Generic[T]):
+        """One sample a BPF program wrote (``bpf_perf_event_output()``).
 
-    cpu: int
-    data: bytes
-    value: Any = None
+        ``data`` is a ``bytes`` object owned by the caller (never a view of ring
+        memory). The kernel pads raw samples: ``len(data)`` is ``round_up(S + 4, 8) - 4``
+        for an S-byte output. ``value`` is the decoder's result, or None without one.
+        """
+
+        cpu: int
+        data: bytes
+        value: T = None  # type: ignore[assignment]
+
+else:  # Python 3.10: NamedTuple cannot be generic there; the same fields
+
+    class Sample(NamedTuple):
+        """One sample a BPF program wrote (``bpf_perf_event_output()``)."""
+
+        cpu: int
+        data: bytes
+        value: Any = None
+
+    Sample.__class_getitem__ = classmethod(lambda cls, item: cls)  # type: ignore[attr-defined]
 
 
 class Lost(NamedTuple):
@@ -39,7 +55,8 @@ class BadSample(NamedTuple):
     error: DecodeError
 
 
-Event = Sample | Lost | BadSample
+Event = Union[Sample[T], Lost, BadSample]  # noqa: UP007 - a generic alias needs Union here
+"""What a stream yields: ``Event[T]`` for a stream whose decoder returns ``T``."""
 
 
 class _Failure(NamedTuple):
@@ -50,7 +67,7 @@ class _Failure(NamedTuple):
 
 @dataclass(frozen=True)
 class CpuStatistics:
-    """Counters of one CPU's ring since the stream opened."""
+    """Counters of one ring (one CPU's) since the stream opened."""
 
     cpu: int
     samples: int
@@ -64,7 +81,14 @@ class CpuStatistics:
 
 @dataclass(frozen=True)
 class StreamStatistics:
-    """A snapshot of a stream's counters; ``cpus`` holds one entry per ring."""
+    """A snapshot of a stream's counters; ``cpus`` holds one entry per ring.
+
+    ``lost_counter`` says where loss counts come from: ``"exact"`` when the
+    producer keeps its own count (Linux 6.0+ perf events with
+    ``PERF_FORMAT_LOST``; ``lost`` then includes drops that no lost record has
+    announced yet), ``"records"`` when only the kernel's lost records count
+    (older kernels: drops at the end of a burst show up once a sample follows).
+    """
 
     cpus: tuple[CpuStatistics, ...]
     pending: int
@@ -74,6 +98,7 @@ class StreamStatistics:
     memory_bytes: int
     closed: bool
     drain_period: float | None = None  # the drain timer's current period (None: no timer)
+    lost_counter: Literal["exact", "records"] = "records"
 
     @property
     def samples(self) -> int:

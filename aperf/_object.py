@@ -6,10 +6,10 @@ import errno
 import os
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 
 from . import _libbpf as lb
+from ._btf import global_slot
 from ._errors import (
     ClosedResourceError,
     GlobalValueError,
@@ -25,7 +25,6 @@ from ._log import log
 BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
 # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
 _PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})
-_LOADED_SECTIONS = (".rodata", ".data", ".bss")
 _V = TypeVar("_V")
 
 
@@ -196,15 +195,6 @@ class Program:
         return f"<aperf.Program {self.name!r} section={self.section!r}>"
 
 
-@dataclass(frozen=True)
-class _GlobalSlot:
-    section: str
-    offset: int
-    size: int
-    signed: bool
-    is_int: bool
-
-
 class BPFObject:
     """A compiled BPF object file: open, set globals, load, attach, close (exactly once).
 
@@ -262,28 +252,10 @@ class BPFObject:
 
     # --- globals -------------------------------------------------------------------
 
-    def _global_slot(self, name: str) -> _GlobalSlot:
-        btf = lb.object_btf(self._ptr)
-        known: list[str] = []
-        if btf is not None:
-            for type_id in range(1, btf.type_count()):
-                sec = btf.type(type_id)
-                if sec.kind != lb.BTF_KIND_DATASEC or sec.name not in _LOADED_SECTIONS:
-                    continue
-                for var_id, offset, size in sec.datasec_vars:
-                    var = btf.type(var_id)
-                    known.append(var.name)
-                    if var.name != name:
-                        continue
-                    target = btf.skip_modifiers(var.ref)
-                    is_int = target.kind in (lb.BTF_KIND_INT, lb.BTF_KIND_ENUM, lb.BTF_KIND_ENUM64)
-                    signed = (
-                        bool(target.int_encoding & lb.BTF_INT_SIGNED)
-                        if target.kind == lb.BTF_KIND_INT
-                        else target.kind_flag if is_int else False
-                    )
-                    return _GlobalSlot(sec.name, offset, size, signed, is_int)
-        raise UnknownNameError("global", name, known)
+    def _btf(self) -> lb.Btf | None:
+        """The object's BTF (owned by the object: valid until it closes)."""
+        self._check_open()
+        return lb.object_btf(self._ptr)
 
     def _section_map(self, section: str) -> Map:
         for m in self._maps.values():
@@ -302,7 +274,7 @@ class BPFObject:
             raise ObjectStateError(
                 f"set_global({name!r}) after load: globals are frozen into the program at load time"
             )
-        slot = self._global_slot(name)
+        slot = global_slot(self._btf(), name)
         if isinstance(value, bool | int) and slot.is_int:
             try:
                 raw = int(value).to_bytes(slot.size, "little", signed=slot.signed)
@@ -333,7 +305,7 @@ class BPFObject:
     def get_global(self, name: str) -> int | bytes:
         """The value a global will have (before load) or was loaded with."""
         self._check_open()
-        slot = self._global_slot(name)
+        slot = global_slot(self._btf(), name)
         current = lb.map_initial_value(self._section_map(slot.section)._ptr) or b""
         raw = current[slot.offset : slot.offset + slot.size]
         return int.from_bytes(raw, "little", signed=slot.signed) if slot.is_int else raw

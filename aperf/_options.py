@@ -2,36 +2,71 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 from dataclasses import dataclass
+from typing import Any
 
 from ._errors import RingSizeError
 
 PAGE_SIZE = mmap.PAGESIZE
+MAX_RING_BYTES = 1 << 28
+"""Largest ring aperf opens: 256 MiB per CPU (a bigger request is a mistake, not a ring)."""
 DEFAULT_PAGES = 128
 """Default per-CPU ring: 128 pages (512 KiB). At the producer's peak here (about 4 M
 32-byte samples/s per CPU) that holds 3 ms of samples: three drain-timer periods of
 the balanced policy, enough to ride out a scheduling hiccup of the consumer."""
 
 
-def ring_pages(pages: int | None, ring_bytes: int | None) -> int:
-    """The per-CPU data page count from ``pages`` or ``ring_bytes`` (rounded up)."""
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def ring_data_bytes(pages: int | None, ring_bytes: int | None) -> int | None:
+    """Data bytes per ring from ``pages`` or ``ring_bytes`` (rounded up to a power-of-two
+    page count); None when neither is given (the source's own default)."""
     if pages is not None and ring_bytes is not None:
         raise RingSizeError("give pages or ring_bytes, not both")
+    limit = f"at most {MAX_RING_BYTES // PAGE_SIZE} pages ({MAX_RING_BYTES >> 20} MiB) per ring"
     if ring_bytes is not None:
-        if isinstance(ring_bytes, bool) or not isinstance(ring_bytes, int) or ring_bytes <= 0:
+        if not _is_int(ring_bytes) or ring_bytes <= 0:
             raise RingSizeError(f"ring_bytes must be a positive int, not {ring_bytes!r}")
+        if ring_bytes > MAX_RING_BYTES:
+            raise RingSizeError(f"ring_bytes={ring_bytes} is too large: {limit}")
         needed = -(-ring_bytes // PAGE_SIZE)
-        return 1 << (needed - 1).bit_length()
+        return (1 << (needed - 1).bit_length()) * PAGE_SIZE
     if pages is None:
-        return DEFAULT_PAGES
-    if isinstance(pages, bool) or not isinstance(pages, int):
+        return None
+    if not _is_int(pages):
         raise RingSizeError(f"pages must be an int, not {type(pages).__name__}")
     if pages <= 0 or pages & (pages - 1):
         raise RingSizeError(
             f"pages={pages}: the per-CPU page count must be a power of two (1, 2, 4, ... 8192)"
         )
-    return pages
+    if pages * PAGE_SIZE > MAX_RING_BYTES:
+        raise RingSizeError(f"pages={pages} is too large: {limit}")
+    return pages * PAGE_SIZE
+
+
+def check_max_pending(max_pending: Any) -> int:
+    if not _is_int(max_pending) or max_pending < 1:
+        raise ValueError(f"max_pending must be an int of at least 1, not {max_pending!r}")
+    return int(max_pending)
+
+
+def check_decode_errors(policy: Any) -> Any:
+    if policy not in ("item", "raise", "skip"):
+        raise ValueError(f"decode_errors must be 'item', 'raise' or 'skip', not {policy!r}")
+    return policy
+
+
+def _check_seconds(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be seconds (a number), not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive, finite number of seconds, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -59,15 +94,21 @@ class Wakeup:
     watermark_fraction: float = 0.0
     max_latency: float | None = None
     idle_latency: float | None = None
+    idle_after: float = 1.0
+    """Seconds without a sample after which the drain timer stretches to ``idle_latency``."""
 
     def __post_init__(self) -> None:
+        for name in ("events", "watermark_bytes"):
+            if not _is_int(getattr(self, name)):
+                raise TypeError(f"Wakeup {name} must be an int, not {getattr(self, name)!r}")
         chosen = sum(bool(x) for x in (self.events, self.watermark_bytes, self.watermark_fraction))
         if chosen != 1:
             raise ValueError("a Wakeup needs exactly one of events, watermark_bytes, fraction")
         if self.events < 0 or self.watermark_bytes < 0 or not 0 <= self.watermark_fraction < 1:
             raise ValueError(f"invalid wakeup threshold in {self!r}")
-        if self.max_latency is not None and self.max_latency <= 0:
-            raise ValueError(f"max_latency must be positive seconds, not {self.max_latency!r}")
+        _check_seconds("max_latency", self.max_latency)
+        _check_seconds("idle_latency", self.idle_latency)
+        _check_seconds("idle_after", self.idle_after)
         if self.idle_latency is not None and (
             self.max_latency is None or self.idle_latency < self.max_latency
         ):
@@ -87,25 +128,44 @@ class Wakeup:
 
     @classmethod
     def every(
-        cls, samples: int, max_latency: float = 0.001, idle_latency: float | None = None
+        cls,
+        samples: int,
+        max_latency: float = 0.001,
+        idle_latency: float | None = None,
+        idle_after: float = 1.0,
     ) -> Wakeup:
-        if samples < 1:
-            raise ValueError(f"Wakeup.every needs at least 1 sample, not {samples}")
+        if not _is_int(samples) or samples < 1:
+            raise ValueError(f"Wakeup.every needs an int of at least 1 sample, not {samples!r}")
         if samples == 1:
             return cls(events=1)
-        return cls(events=samples, max_latency=max_latency, idle_latency=idle_latency)
+        return cls(
+            events=samples, max_latency=max_latency, idle_latency=idle_latency,
+            idle_after=idle_after,
+        )
 
     @classmethod
     def watermark(
-        cls, nbytes: int, max_latency: float = 0.001, idle_latency: float | None = None
+        cls,
+        nbytes: int,
+        max_latency: float = 0.001,
+        idle_latency: float | None = None,
+        idle_after: float = 1.0,
     ) -> Wakeup:
-        if nbytes < 1:
-            raise ValueError(f"Wakeup.watermark needs at least 1 byte, not {nbytes}")
-        return cls(watermark_bytes=nbytes, max_latency=max_latency, idle_latency=idle_latency)
+        if not _is_int(nbytes) or nbytes < 1:
+            raise ValueError(f"Wakeup.watermark needs an int of at least 1 byte, not {nbytes!r}")
+        return cls(
+            watermark_bytes=nbytes, max_latency=max_latency, idle_latency=idle_latency,
+            idle_after=idle_after,
+        )
 
     @classmethod
-    def balanced(cls, max_latency: float = 0.001, idle_latency: float = 0.050) -> Wakeup:
-        return cls(watermark_fraction=0.25, max_latency=max_latency, idle_latency=idle_latency)
+    def balanced(
+        cls, max_latency: float = 0.001, idle_latency: float = 0.050, idle_after: float = 1.0
+    ) -> Wakeup:
+        return cls(
+            watermark_fraction=0.25, max_latency=max_latency, idle_latency=idle_latency,
+            idle_after=idle_after,
+        )
 
     @classmethod
     def throughput(cls) -> Wakeup:
@@ -132,10 +192,6 @@ class Wakeup:
             return self.events, 0
         nbytes = self.watermark_bytes or int(ring_bytes * self.watermark_fraction)
         return 0, max(1, min(nbytes, ring_bytes - PAGE_SIZE if ring_bytes > PAGE_SIZE else 1))
-
-
-IDLE_AFTER = 1.0
-"""Seconds without a sample after which the drain timer stretches to ``idle_latency``."""
 
 
 def resolve_wakeup(wakeup: Wakeup | str | None) -> Wakeup:

@@ -1,51 +1,100 @@
-"""The asyncio driver: ``async for`` over events, batches, and callback mode."""
+"""The async driver: ``async for`` over events, batches, and callback mode.
+
+It only waits: on the rings' readiness handles, on the drain timer at the
+reader's deadline, and for the consumer. What to do then is the reader's.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import inspect
+import struct
 import threading
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
-from ._core import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, StreamCore
-from ._decode import DecoderSpec, resolve_decoder
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import Lost, Sample, StreamStatistics
+from ._events import Event, StreamStatistics
 from ._log import log
-from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
-from ._rings import MapSource, RingSet
-from ._watch import FdWatcher, RingWatcher
+from ._loops import LoopBinding, current_binding
+from ._options import Wakeup
+from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
+from ._setup import ReaderOptions, SourceSpec
 
+T = TypeVar("T")
 Callback = Callable[[Any], Any]
-_ITER_BATCH = DEFAULT_BATCH
+CLOSE_TIMEOUT = 10.0
+"""Seconds ``close()`` from another thread waits for the loop to run the close."""
 
 
-async def _call(callback: Callable[[Any], Any], arg: Any) -> None:
-    result = callback(arg)
-    if result is not None and inspect.isawaitable(result):
-        await result
-
-
-class PerfStream:
-    """Every CPU ring of a PERF_EVENT_ARRAY map, as an asyncio event stream.
+class PerfStream(Generic[T]):
+    """Every ring of a source (one per CPU of a PERF_EVENT_ARRAY map), as an async stream.
 
     ``source`` is an :class:`aperf.Map`, the fd of a perf event array loaded by
-    anything else, or the path of a pinned map. Open it with ``async with``
-    (or ``await stream.open()`` and ``await stream.aclose()``), then either
-    iterate it (``async for event in stream``, or ``stream.batches()``) or,
-    given callbacks, ``await stream.run()``.
+    anything else, the path of a pinned map, or a ring source (e.g.
+    :class:`aperf.testing.FakeRingSource`). Open it with ``async with`` (or
+    ``await stream.open()`` and ``await stream.aclose()``), then either iterate
+    it (``async for event in stream``, or ``stream.batches()``) or, given
+    callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |
+    BadSample`` where ``T`` is what the decoder returns.
     """
+
+    @overload
+    def __init__(
+        self: PerfStream[None],
+        source: SourceSpec,
+        *,
+        pages: int | None = ...,
+        ring_bytes: int | None = ...,
+        decoder: None = ...,
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
+        on_sample: Callback | None = ...,
+        on_lost: Callback | None = ...,
+        on_batch: Callable[[list[Event[None]]], Any] | None = ...,
+        on_decode_error: Callback | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: PerfStream[Any],
+        source: SourceSpec,
+        *,
+        pages: int | None = ...,
+        ring_bytes: int | None = ...,
+        decoder: str | type | struct.Struct,
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
+        on_sample: Callback | None = ...,
+        on_lost: Callback | None = ...,
+        on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
+        on_decode_error: Callback | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: PerfStream[T],
+        source: SourceSpec,
+        *,
+        pages: int | None = ...,
+        ring_bytes: int | None = ...,
+        decoder: Callable[[bytes], T],
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
+        on_sample: Callback | None = ...,
+        on_lost: Callback | None = ...,
+        on_batch: Callable[[list[Event[T]]], Any] | None = ...,
+        on_decode_error: Callback | None = ...,
+    ) -> None: ...
 
     def __init__(
         self,
-        source: MapSource,
+        source: SourceSpec,
         *,
         pages: int | None = None,
         ring_bytes: int | None = None,
-        decoder: DecoderSpec = None,
+        decoder: Any = None,
         wakeup: Wakeup | str | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         decode_errors: DecodeErrorPolicy = "item",
@@ -54,68 +103,58 @@ class PerfStream:
         on_batch: Callable[[list[Any]], Any] | None = None,
         on_decode_error: Callback | None = None,
     ) -> None:
-        # Everything is validated here, before any ring exists.
-        self._source = source
-        self._pages = ring_pages(pages, ring_bytes)
-        self._wakeup = resolve_wakeup(wakeup)
-        self._decoder = resolve_decoder(decoder, source)
-        self._max_pending = max_pending
-        self._decode_errors = decode_errors
+        # Everything is checked here, before any ring exists.
+        self._options = ReaderOptions.check(
+            source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
+            max_pending=max_pending, decode_errors=decode_errors,
+        )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
-        self._on_sample = on_sample
-        self._on_lost = on_lost
+        if on_batch is not None and not callable(on_batch):
+            raise TypeError(f"on_batch must be callable, not {type(on_batch).__name__}")
         self._on_batch = on_batch
-        self._on_decode_error = on_decode_error
-        self._rings: RingSet | None = None
-        self._core: StreamCore | None = None
-        self._watcher: RingWatcher | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._quiet_ticks = 0  # drain-timer ticks in a row that found nothing
-        self._idle = False  # the drain timer runs at idle_latency
-        self._timer_parked = False  # stopped while the queue is full
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        self._handlers: Handlers | None = None
+        if on_sample is not None:
+            self._handlers = Handlers(on_sample, on_lost, on_decode_error)
+        elif on_lost is not None or on_decode_error is not None:
+            raise ValueError("on_lost and on_decode_error go with an on_sample callback")
+        self._reader: Reader | None = None
+        self._loop: LoopBinding | None = None
+        self._timer_at: float | None = None
         self._closed = False
-        self._held: deque[Any] = deque()  # built events, handed out before the core's
+        self._close_lock = threading.Lock()
 
     # --- opening and closing -----------------------------------------------------------
 
     async def open(self) -> None:
-        """Open the rings and register them with the running loop."""
+        """Open the rings and register their readiness handles with the running loop."""
         if self._closed:
             raise ClosedResourceError("this PerfStream was closed; make a new one")
-        if self._rings is not None:
+        if self._reader is not None:
             return
-        loop = asyncio.get_running_loop()
-        rings = RingSet(self._source, self._pages, self._wakeup)
+        source = self._options.source
+        loop = current_binding(source.handle_kind)
+        reader = self._options.open(loop.time)
         try:
-            self._core = StreamCore(
-                rings.readers,
-                decoder=self._decoder,
-                decode_errors=self._decode_errors,
-                max_pending=self._max_pending,
-                ring_bytes=rings.ring_bytes,
-                memory_bytes=rings.memory_bytes,
-            )
-            self._watcher = FdWatcher(loop, rings.fds, self._on_ready)
+            loop.watch(list({ring.handle: None for ring in reader.rings.values()}), self._on_ready)
         except BaseException:
-            rings.free()
+            reader.close()
+            source.free()
             raise
-        self._rings = rings
+        self._reader = reader
         self._loop = loop
-        if self._wakeup.batched and self._wakeup.max_latency is not None:
-            self._start_timer()
+        self._sync_timer()
         log.info(
             "perf stream opened",
-            map=rings.name,
-            cpus=sorted(rings.readers),
-            ring_bytes=rings.ring_bytes,
-            memory_bytes=rings.memory_bytes,
-            wakeup=self._wakeup,
+            source=source.name,
+            cpus=sorted(reader.rings),
+            ring_bytes=reader.ring_bytes,
+            memory_bytes=reader.memory_bytes,
+            wakeup=reader.wakeup,
+            lost_counter=reader.lost_counter,
         )
 
-    async def __aenter__(self) -> PerfStream:
+    async def __aenter__(self) -> PerfStream[T]:
         await self.open()
         return self
 
@@ -130,17 +169,12 @@ class PerfStream:
         """
         self._close_now()
 
-    def close(self) -> None:
-        """Close from any thread (blocks until the loop thread has closed the stream)."""
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close from any thread. From another thread it waits for the loop to do it;
+        if the loop stops running meanwhile, it closes here. After ``timeout`` seconds
+        of a loop that runs but never gets to it, BusyResourceError."""
         loop = self._loop
-        if loop is None or loop.is_closed() or not loop.is_running():
-            self._close_now()
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if loop is None or loop.in_loop_thread() or not loop.running():
             self._close_now()
             return
         done = threading.Event()
@@ -151,34 +185,39 @@ class PerfStream:
             finally:
                 done.set()
 
-        loop.call_soon_threadsafe(close_in_loop)
-        done.wait()
+        if not loop.call_soon_threadsafe(close_in_loop):
+            self._close_now()
+            return
+        waited = 0.0
+        while not done.wait(0.02):
+            waited += 0.02
+            if not loop.running():
+                self._close_now()  # the loop stopped before running it: nobody else reads
+                return
+            if waited >= timeout:
+                raise BusyResourceError(
+                    f"the event loop did not run the close of this stream within {timeout} s"
+                )
 
     def _close_now(self) -> None:
-        if self._closed:
-            return
-        self._closed = True  # 1. mark closed
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        watcher, self._watcher = self._watcher, None
-        rings, self._rings = self._rings, None
-        core = self._core
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True  # 1. mark closed
+        loop, reader = self._loop, self._reader
         try:
-            if watcher is not None:
-                watcher.stop()  # 2. no loop callback may touch the rings from now on
-            if core is not None:
-                core.drain_all(force=True)
-                core.detach_rings()  # freed next: nothing may read them again
+            if loop is not None:
+                loop.stop()  # 2. no loop callback may touch the rings from now on
+            if reader is not None:
+                reader.close()  # takes what the rings hold; forgets them
         finally:
             try:
-                if rings is not None:
-                    rings.free()  # 3. views dropped, rings unmapped, fds closed, slots deleted
+                if reader is not None:
+                    reader.source.free()  # 3. rings unmapped, handles closed
             finally:
-                if core is not None:
-                    core.closed = True
-                    core.log_summary("perf stream closed")
-                self._wake()
+                if reader is not None:
+                    reader.log_summary("perf stream closed")
+                self._wake()  # 4. a parked consumer sees the end
 
     @property
     def closed(self) -> bool:
@@ -186,158 +225,109 @@ class PerfStream:
 
     # --- loop callbacks -----------------------------------------------------------------
 
-    def _on_ready(self, cpu: int) -> None:
-        core = self._core
-        if core is None or self._closed:
+    def _on_ready(self, handle: int) -> None:
+        reader = self._reader
+        if reader is None or self._closed:
             return
         try:
-            added = core.woken(cpu)
+            added = reader.on_ready(handle)
         except Exception as exc:  # never let it reach the loop's handler to be printed
-            core.push_failure(exc)
+            reader.push_failure(exc)
             added = 1
-        if self._idle:
-            self._end_idle()
-        if cpu in core.broken and self._watcher is not None:
-            self._watcher.forget(cpu)
+        if not reader.watches(handle) and self._loop is not None:
+            self._loop.forget(handle)
         if added:
             self._wake()
+        if reader.deadline != self._timer_at:
+            self._sync_timer()
 
     def _tick(self) -> None:
-        core = self._core
-        if core is None or self._closed or self._loop is None:
+        self._timer_at = None
+        reader = self._reader
+        if reader is None or self._closed:
             return
         try:
-            added = core.drain_all()  # when full, this marks the rings stalled
+            added = reader.tick()
         except Exception as exc:
-            core.push_failure(exc)
+            reader.push_failure(exc)
             added = 1
         if added:
             self._wake()
-        if core.paused:
-            # Backpressure is not silence, and a full queue takes nothing: park the
-            # timer (no ticks while nobody reads); resuming restarts it at max_latency.
-            self._quiet_ticks = 0
-            self._timer = None
-            self._timer_parked = True
+        self._sync_timer()
+
+    def _sync_timer(self) -> None:
+        """Set the loop's timer to the reader's deadline."""
+        reader, loop = self._reader, self._loop
+        if reader is None or loop is None or self._closed:
             return
-        if added:
-            self._quiet_ticks = 0
-        else:
-            self._quiet_ticks += 1
-        self._timer = self._loop.call_later(self._timer_period(), self._tick)
-
-    def _start_timer(self) -> None:
-        assert self._loop is not None and self._wakeup.max_latency is not None
-        self._timer_parked = False
-        self._idle = False
-        self._timer = self._loop.call_later(self._wakeup.max_latency, self._tick)
-
-    def _timer_period(self) -> float:
-        wakeup = self._wakeup
-        assert wakeup.max_latency is not None
-        idle = wakeup.idle_latency
-        if idle is not None and self._quiet_ticks * wakeup.max_latency >= IDLE_AFTER:
-            self._idle = True
-            return idle
-        self._idle = False
-        return wakeup.max_latency
-
-    def _end_idle(self) -> None:
-        """Traffic after a silence: bring the drain timer back to max_latency now."""
-        self._quiet_ticks = 0
-        if self._timer is not None:
-            self._timer.cancel()
-            self._start_timer()
+        at = reader.deadline
+        self._timer_at = at
+        loop.schedule(at, self._tick)
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        loop = self._loop
+        if loop is None:
+            return
+        if loop.in_loop_thread():
+            loop.wake()
+        else:
+            loop.call_soon_threadsafe(loop.wake)
 
     def flush(self) -> int:
         """Take everything the rings hold now (below any wakeup threshold); events added."""
-        core = self._require_open()
-        added = core.drain_all(force=True)
+        reader = self._require_open()
+        added = reader.flush()
         if added:
             self._wake()
         return added
 
     # --- consuming ---------------------------------------------------------------------
 
-    def _require_open(self) -> StreamCore:
-        if self._core is None:
+    def _require_open(self) -> Reader:
+        if self._reader is None:
             raise ClosedResourceError(
                 "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
             )
-        return self._core
+        return self._reader
+
+    def _take(self, reader: Reader, max_items: int) -> list[Event[T]]:
+        batch = reader.take(max_items)
+        if reader.deadline != self._timer_at:
+            self._sync_timer()  # taking resumed a parked timer
+        return batch
 
     async def _wait(self) -> None:
-        if self._waiter is not None:
-            raise BusyResourceError("another task is already reading this stream")
-        loop = self._loop
-        assert loop is not None
-        waiter = loop.create_future()
-        self._waiter = waiter
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+        assert self._loop is not None
+        await self._loop.wait()
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncIterator[Event[T]]:
         # An async generator costs less per item than a coroutine per __anext__.
         return self._events()
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> Event[T]:
         """One event (``await anext(stream)``); ``async for`` uses a cheaper path."""
-        core = self._require_open()
+        reader = self._require_open()
         while True:
-            batch = self._take(core, 1)
+            batch = self._take(reader, 1)
             if batch:
                 return batch[0]
             if self._closed:
                 raise StopAsyncIteration
             await self._wait()
 
-    def _take(self, core: StreamCore, max_items: int) -> list[Any]:
-        held = self._held
-        if held:
-            if len(held) <= max_items:
-                batch = list(held)
-                held.clear()
-                return batch
-            return [held.popleft() for _ in range(max_items)]
-        # Drain before taking: what this drains must be in this batch, or a consumer
-        # that finds the batch empty would wait for a wakeup that never comes.
-        try:
-            if core.paused:
-                core.maybe_resume()
-                if not core.paused and self._timer_parked:
-                    self._start_timer()
-            else:
-                # A consumer with events in hand never yields to the loop, so no
-                # readiness callback runs meanwhile: do their work for them before
-                # a ring overflows.
-                core.drain_filling()
-        except Exception as exc:  # pragma: no cover - drain converts ring errors itself
-            core.push_failure(exc)
-        return core.take(max_items)
-
-    def _put_back(self, events: list[Any]) -> None:
-        self._held.extendleft(reversed(events))
-
-    async def _events(self) -> AsyncIterator[Any]:
-        # Events are built a batch at a time into self._held and handed out one by
-        # one. The batch lives on the stream, not in this generator, so when a
-        # consumer stops (break, cancellation, an exception in its loop body) the
-        # next iteration continues exactly where it left off: nothing is dropped.
-        core = self._require_open()
-        held = self._held
+    async def _events(self) -> AsyncIterator[Event[T]]:
+        # Events are built a batch at a time into the reader's front queue and handed
+        # out one by one. The queue lives in the reader, not in this generator, so
+        # when a consumer stops (break, cancellation, an exception in its loop body)
+        # the next iteration continues exactly where it left off: nothing is dropped.
+        reader = self._require_open()
+        held = reader.held
         popleft = held.popleft
         while True:
             if held:
                 yield popleft()
                 continue
-            batch = self._take(core, _ITER_BATCH)
+            batch = self._take(reader, DEFAULT_BATCH)
             if batch:
                 held.extend(batch)
             elif self._closed:
@@ -345,13 +335,13 @@ class PerfStream:
             else:
                 await self._wait()
 
-    async def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Any]]:
+    async def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Event[T]]]:
         """Yield lists of up to ``max_items`` events, in stream order, without a per-item await."""
-        if max_items < 1:
-            raise ValueError(f"max_items must be at least 1, not {max_items}")
-        core = self._require_open()
+        if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+            raise ValueError(f"max_items must be an int of at least 1, not {max_items!r}")
+        reader = self._require_open()
         while True:
-            batch = self._take(core, max_items)
+            batch = self._take(reader, max_items)
             if batch:
                 yield batch
             elif self._closed:
@@ -365,57 +355,35 @@ class PerfStream:
         Callbacks may be plain functions or coroutines. An exception raised by a
         callback propagates out of ``run()``; the events after it stay queued.
         """
-        if self._on_batch is None and self._on_sample is None:
+        handlers, on_batch = self._handlers, self._on_batch
+        if handlers is None and on_batch is None:
             raise ValueError("run() needs on_sample (and on_lost) or on_batch callbacks")
-        self._require_open()
+        reader = self._require_open()
         async for batch in self.batches():
-            if self._on_batch is not None:
-                await _call(self._on_batch, batch)
-                continue
-            await self._dispatch(batch)
-
-    async def _dispatch(self, batch: list[Any]) -> None:
-        # The callback is called inline and awaited only when it returned an
-        # awaitable: a coroutine layer per event cost ~290 ns (measured).
-        on_sample, on_lost = self._on_sample, self._on_lost
-        isawaitable = inspect.isawaitable
-        index = 0
-        try:
-            for index, event in enumerate(batch):  # noqa: B007 - index is used on error
-                cls = event.__class__
-                if cls is Sample:
-                    result = on_sample(event)  # type: ignore[misc]
-                elif cls is Lost:
-                    if on_lost is None:
-                        continue
-                    result = on_lost(event)
-                elif self._on_decode_error is not None:
-                    result = self._on_decode_error(event)
-                else:
-                    raise event.error
-                if result is not None and isawaitable(result):  # isawaitable(None): ~150 ns
+            if on_batch is not None:
+                result = on_batch(batch)
+                if result is not None and hasattr(result, "__await__"):
                     await result
-        except BaseException:
-            self._put_back(batch[index + 1 :])
-            raise
+                continue
+            assert handlers is not None
+            pending = reader.dispatch(batch, handlers)
+            for awaitable in pending:
+                try:
+                    await awaitable
+                except BaseException as exc:
+                    pending.throw(exc)  # puts the rest of the batch back, re-raises
 
     # --- introspection -------------------------------------------------------------------
 
     def statistics(self) -> StreamStatistics:
-        """Per-CPU samples, lost, bytes and wakeups; queue depth; memory."""
-        stats = self._require_open().statistics()
-        period = None
-        if self._timer is not None or self._timer_parked:
-            period = self._wakeup.idle_latency if self._idle else self._wakeup.max_latency
-        return dataclasses.replace(
-            stats, pending=stats.pending + len(self._held), drain_period=period
-        )
+        """Per-CPU samples, lost, bytes and wakeups; queue depth; memory; the drain period."""
+        return self._require_open().statistics()
 
     @property
     def cpus(self) -> list[int]:
+        """The ring keys (CPU ids) of the open stream."""
         return sorted(self._require_open().counters)
 
     @property
     def wakeup(self) -> Wakeup:
-        return self._wakeup
-
+        return self._options.wakeup

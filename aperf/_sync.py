@@ -1,83 +1,132 @@
-"""The synchronous driver: libbpf's ``perf_buffer__poll``/``consume`` API, no event loop."""
+"""The synchronous driver: libbpf's ``perf_buffer__poll``/``consume`` names, no event loop.
+
+It only waits (``epoll`` on the rings' fds, bounded by the reader's drain
+deadline) and calls the reader; the policy is the reader's, as for the async
+driver.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import select
+import struct
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
-from ._core import DEFAULT_BATCH, DecodeErrorPolicy, StreamCore
-from ._decode import DecoderSpec, resolve_decoder
-from ._errors import ClosedResourceError
+from ._errors import AperfError, ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
 from ._log import log
-from ._options import IDLE_AFTER, Wakeup, resolve_wakeup, ring_pages
-from ._rings import MapSource, RingSet
+from ._options import Wakeup
+from ._reader import DEFAULT_BATCH, DecodeErrorPolicy, Handlers, Reader
+from ._setup import ReaderOptions, SourceSpec
+
+T = TypeVar("T")
 
 
-class PerfBuffer:
-    """Perf rings read synchronously, with libbpf's names and meanings.
+class PerfBuffer(Generic[T]):
+    """Rings read synchronously, with libbpf's names.
 
-    ``poll(timeout_ms)`` waits up to the timeout for a ring to be woken, then
-    hands every pending event to the callbacks and returns how many it handled
-    (samples, lost notices and bad samples; 0 on timeout), like
-    ``perf_buffer__poll``. ``consume()`` handles everything pending on every
-    ring without waiting; ``consume_buffer(cpu)`` one CPU's ring.
+    ``poll(timeout_ms)`` waits up to the timeout for a ring to be woken (or for
+    the drain timer of batched wakeups), then hands every pending event to the
+    callbacks and returns how many it handled (samples, lost notices and bad
+    samples; 0 on timeout), like ``perf_buffer__poll``. ``consume()`` handles
+    everything pending on every ring without waiting; ``consume_buffer(cpu)``
+    one CPU's ring (aperf keys rings by CPU id where libbpf takes an index:
+    see ``cpus``).
 
     Exceptions raised by callbacks propagate out of these calls; the events
     after the failing one stay queued and are handed over by the next call.
     """
 
+    @overload
+    def __init__(
+        self: PerfBuffer[None],
+        source: SourceSpec,
+        *,
+        pages: int | None = ...,
+        ring_bytes: int | None = ...,
+        on_sample: Callable[[Sample[None]], Any],
+        on_lost: Callable[[Lost], Any] | None = ...,
+        on_decode_error: Callable[[BadSample], Any] | None = ...,
+        decoder: None = ...,
+        decode_errors: DecodeErrorPolicy = ...,
+        wakeup: Wakeup | str | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: PerfBuffer[Any],
+        source: SourceSpec,
+        *,
+        pages: int | None = ...,
+        ring_bytes: int | None = ...,
+        on_sample: Callable[[Sample[Any]], Any],
+        on_lost: Callable[[Lost], Any] | None = ...,
+        on_decode_error: Callable[[BadSample], Any] | None = ...,
+        decoder: str | type | struct.Struct,
+        decode_errors: DecodeErrorPolicy = ...,
+        wakeup: Wakeup | str | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: PerfBuffer[T],
+        source: SourceSpec,
+        *,
+        pages: int | None = ...,
+        ring_bytes: int | None = ...,
+        on_sample: Callable[[Sample[T]], Any],
+        on_lost: Callable[[Lost], Any] | None = ...,
+        on_decode_error: Callable[[BadSample], Any] | None = ...,
+        decoder: Callable[[bytes], T],
+        decode_errors: DecodeErrorPolicy = ...,
+        wakeup: Wakeup | str | None = ...,
+    ) -> None: ...
+
     def __init__(
         self,
-        source: MapSource,
+        source: SourceSpec,
         *,
         pages: int | None = None,
         ring_bytes: int | None = None,
-        on_sample: Callable[[Sample], Any] | None = None,
+        on_sample: Callable[[Any], Any] | None = None,
         on_lost: Callable[[Lost], Any] | None = None,
         on_decode_error: Callable[[BadSample], Any] | None = None,
-        decoder: DecoderSpec = None,
+        decoder: Any = None,
         decode_errors: DecodeErrorPolicy = "item",
         wakeup: Wakeup | str | None = None,
     ) -> None:
         if on_sample is None:
             raise ValueError("PerfBuffer needs an on_sample callback")
-        self._on_sample = on_sample
-        self._on_lost = on_lost
-        self._on_decode_error = on_decode_error
-        self._decode_errors = decode_errors
-        self._wakeup = resolve_wakeup(wakeup)
-        decode = resolve_decoder(decoder, source)
+        self._handlers = Handlers(on_sample, on_lost, on_decode_error)
+        options = ReaderOptions.check(
+            source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
+            max_pending=DEFAULT_BATCH * 256, decode_errors=decode_errors,
+        )
+        if options.source.handle_kind != "fd":
+            raise AperfError(f"PerfBuffer cannot wait on {options.source.handle_kind} handles")
+        self._lock = threading.Lock()  # one poll at a time; close waits for it
         self._epoll: select.epoll | None = None
-        self._last_traffic = time.monotonic()
-        self._rings: RingSet | None = RingSet(source, ring_pages(pages, ring_bytes), self._wakeup)
+        self._reader: Reader | None = options.open(time.monotonic)
         try:
-            self._core = StreamCore(
-                self._rings.readers,
-                decoder=decode,
-                decode_errors=decode_errors,
-                ring_bytes=self._rings.ring_bytes,
-                memory_bytes=self._rings.memory_bytes,
-            )
             self._epoll = select.epoll()
-            for fd in self._rings.fds.values():
-                self._epoll.register(fd, select.EPOLLIN)
-            self._cpu_of_fd = {fd: cpu for cpu, fd in self._rings.fds.items()}
+            for handle in {ring.handle for ring in self._reader.rings.values()}:
+                self._epoll.register(handle, select.EPOLLIN)
         except BaseException:
             self.close()
             raise
-        log.info("perf buffer opened", map=self._rings.name, cpus=sorted(self._rings.readers),
-                 ring_bytes=self._rings.ring_bytes, wakeup=self._wakeup)
+        self._wakeup = options.wakeup
+        log.info("perf buffer opened", source=options.source.name,
+                 cpus=sorted(self._reader.rings), ring_bytes=self._reader.ring_bytes,
+                 wakeup=self._wakeup, lost_counter=self._reader.lost_counter)
 
     # --- libbpf's API -------------------------------------------------------------------
 
     @property
     def buffer_cnt(self) -> int:
         """Number of rings (one per online CPU that has a map slot)."""
-        return len(self._require_open().readers)
+        return len(self._require_open().counters)
 
     @property
     def cpus(self) -> list[int]:
@@ -86,9 +135,10 @@ class PerfBuffer:
 
     def buffer_fd(self, cpu: int) -> int:
         """The perf event fd of ``cpu``'s ring (to wait on it in your own loop)."""
-        self._require_open()
-        assert self._rings is not None
-        return self._rings.fds[cpu]
+        ring = self._require_open().rings.get(cpu)
+        if ring is None:
+            raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
+        return ring.handle
 
     def poll(self, timeout_ms: int = -1) -> int:
         """Wait up to ``timeout_ms`` (negative: for ever) and handle what is ready.
@@ -96,117 +146,104 @@ class PerfBuffer:
         Returns the number of events handled. EINTR is retried with the time
         left; KeyboardInterrupt and callback exceptions propagate.
         """
-        core = self._require_open()
-        if core.pending:
-            return self._dispatch()
-        assert self._epoll is not None
+        reader = self._require_open()
+        if reader.pending or reader.held:
+            return self._dispatch(reader)
+        epoll = self._epoll
+        assert epoll is not None
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
         while True:
             now = time.monotonic()
             wait = -1.0 if deadline is None else max(0.0, deadline - now)
-            slice_s = self._drain_period(now)
-            if slice_s is not None and (wait < 0 or wait > slice_s):
-                wait = slice_s  # batched wakeups: look at the rings at least this often
-            ready = self._epoll.poll(wait)  # retries EINTR itself (PEP 475)
-            for fd, _ in ready:
-                core.count_wakeup(self._cpu_of_fd[fd])
-            if ready or slice_s is not None:
-                if core.drain_all(force=True) or ready:
-                    self._last_traffic = time.monotonic()
-                if core.pending:
-                    return self._dispatch()
+            tick_at = reader.deadline
+            ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
+            if ticking:
+                assert tick_at is not None
+                wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
+            ready = epoll.poll(wait)  # retries EINTR itself (PEP 475)
+            for handle, _ in ready:
+                reader.on_ready(handle)
+            if not ready and ticking:
+                reader.tick()
+            if reader.pending:
+                return self._dispatch(reader)
             if deadline is not None and time.monotonic() >= deadline:
                 return 0
 
-    def _drain_period(self, now: float) -> float | None:
-        """How long poll() may wait before looking at the rings (None: only on wakeups).
-
-        As the async stream's drain timer: max_latency while samples flow,
-        idle_latency after IDLE_AFTER seconds without any.
-        """
-        wakeup = self._wakeup
-        if not wakeup.batched:
-            return None
-        if wakeup.idle_latency is not None and now - self._last_traffic >= IDLE_AFTER:
-            return wakeup.idle_latency
-        return wakeup.max_latency
-
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""
-        self._require_open().drain_all(force=True)
-        return self._dispatch()
+        reader = self._require_open()
+        reader.flush()
+        return self._dispatch(reader)
 
     def consume_buffer(self, cpu: int) -> int:
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
-        core = self._require_open()
-        if cpu not in core.counters:
-            raise ValueError(f"no ring for CPU {cpu}; rings: {sorted(core.counters)}")
-        core.drain(cpu, force=True)
-        return self._dispatch()
+        reader = self._require_open()
+        if cpu not in reader.counters:
+            raise ValueError(f"no ring for CPU {cpu!r}; rings: {sorted(reader.counters)}")
+        reader.drain(cpu, force=True)
+        return self._dispatch(reader)
 
     def flush(self) -> int:
         """Same as :meth:`consume`: hand over what sits below the wakeup threshold."""
         return self.consume()
 
-    def _dispatch(self) -> int:
-        core = self._core
+    def _dispatch(self, reader: Reader) -> int:
         handled = 0
         while True:
-            batch = core.take(DEFAULT_BATCH)
+            batch = reader.take(DEFAULT_BATCH)
             if not batch:
                 return handled
-            for index, event in enumerate(batch):
-                try:
-                    self._handle(event)
-                except BaseException:
-                    core.put_back(batch[index + 1 :])
-                    raise
+            pending = reader.dispatch(batch, self._handlers)
+            for result in pending:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()  # a coroutine never awaited would warn
+                pending.throw(
+                    TypeError("PerfBuffer callbacks run without an event loop: a callback "
+                              "returned an awaitable; use PerfStream for coroutine callbacks")
+                )
             handled += len(batch)
-
-    def _handle(self, event: Any) -> None:
-        cls = event.__class__
-        if cls is Sample:
-            self._on_sample(event)
-        elif cls is Lost:
-            if self._on_lost is not None:
-                self._on_lost(event)
-        elif cls is BadSample:
-            if self._on_decode_error is None:
-                raise event.error
-            self._on_decode_error(event)
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    def _require_open(self) -> StreamCore:
-        if self._rings is None:
+    def _require_open(self) -> Reader:
+        reader = self._reader
+        if reader is None or reader.closed:
             raise ClosedResourceError("this PerfBuffer is closed")
-        return self._core
+        return reader
 
     @property
     def closed(self) -> bool:
-        return self._rings is None
+        return self._reader is None or self._reader.closed
 
     def statistics(self) -> StreamStatistics:
         """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force."""
-        stats = self._core.statistics()
-        return dataclasses.replace(stats, drain_period=self._drain_period(time.monotonic()))
+        reader = self._reader
+        if reader is None:
+            raise ClosedResourceError("this PerfBuffer is closed")
+        return reader.statistics()
+
+    @property
+    def wakeup(self) -> Wakeup:
+        return self._wakeup
 
     def close(self) -> None:
         """Stop waiting, then free the rings (fds closed, map slots deleted). Idempotent."""
-        rings, self._rings = self._rings, None
         epoll, self._epoll = self._epoll, None
+        reader = self._reader
         try:
             if epoll is not None:
                 epoll.close()
         finally:
-            if rings is not None:
-                rings.free()
-                core = getattr(self, "_core", None)
-                if core is not None:
-                    core.closed = True
-                    core.log_summary("perf buffer closed")
+            if reader is not None and not reader.closed:
+                try:
+                    reader.close()
+                finally:
+                    reader.source.free()
+                    reader.log_summary("perf buffer closed")
 
-    def __enter__(self) -> PerfBuffer:
+    def __enter__(self) -> PerfBuffer[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,8 +7,10 @@ CPU. Each sample starts with a little-endian u64 sequence number (if S >= 8)
 and a u64 ``bpf_ktime_get_ns()`` timestamp (if S >= 16); smaller samples hold
 the low S bytes of the sequence number; the rest is zero.
 
-:class:`FakeRingMemory` and the record encoders build rings in plain memory
-for unit tests of ring-reading code.
+:class:`FakeRingSource` gives ``PerfStream`` and ``PerfBuffer`` per-CPU rings in
+memory that behave like the kernel's, with real fds for the event loop: test
+your own consumers without root. :class:`FakeRingMemory` and the record
+encoders build single rings for tests of ring-reading code.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from . import _libbpf as lb
+from ._fake import FakeRingMemory, FakeRingSource
 from ._object import BPFObject, Map
-from ._ring import FakeRingMemory, encode_lost, encode_sample
+from ._perf_format import encode_lost, encode_sample
 
 __all__ = [
     "MAX_RUN",
     "FakeRingMemory",
+    "FakeRingSource",
     "Producer",
     "ProducerCounters",
     "encode_lost",
@@ -80,8 +85,8 @@ class Producer:
                 self._obj.set_global("tag", tag)
             self._obj.load()
             self._prog_fd = self._obj.programs["produce"].fd
-            self._config_fd = self._obj.maps["config"].fd
-            self._counters_fd = self._obj.maps["counters"].fd
+            self._config = self._obj.maps["config"]
+            self._counters = self._obj.maps["counters"]
         except BaseException:
             self._obj.close()
             raise
@@ -105,8 +110,6 @@ class Producer:
         Blocks the calling thread (not the GIL) while the kernel runs the program,
         so it can run in a worker thread while a consumer reads on another CPU.
         """
-        from . import _libbpf as lb
-
         if not 1 <= size <= 4096:
             raise ValueError(f"sample size must be 1..4096 bytes, not {size}")
         if count < 0:
@@ -117,7 +120,7 @@ class Producer:
         start = seq
         while count > 0:
             batch = min(count, MAX_RUN)
-            lb.map_update(self._config_fd, _KEY.pack(cpu), _CONFIG.pack(batch, size, seq))
+            self._config.update(_KEY.pack(cpu), _CONFIG.pack(batch, size, seq))
             retval = lb.test_run_on_cpu(self._prog_fd, cpu)
             if retval != 0:
                 raise RuntimeError(f"producer program refused the run (returned {retval})")
@@ -149,11 +152,8 @@ class Producer:
         return thread
 
     def counters(self) -> ProducerCounters:
-        from . import _libbpf as lb
-
         values = [
-            struct.unpack("<Q", lb.map_lookup(self._counters_fd, struct.pack("<I", i), 8))[0]
-            for i in range(4)
+            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(4)
         ]
         return ProducerCounters(*values)
 

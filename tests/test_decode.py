@@ -76,11 +76,16 @@ async def test_ctypes_and_struct_decoders_agree(producer: Producer) -> None:
     for name, decoder in [
         ("ctypes", Head),
         ("struct", struct.Struct("<QQ")),
-        ("format", "<QQ"),
+        ("format (deprecated)", "<QQ"),
         ("named", aperf.decoders.from_struct("<QQ", names="seq ts")),
         ("callable", lambda data: struct.unpack_from("<QQ", data)),
     ]:
-        async with aperf.PerfStream(producer.map, pages=64, decoder=decoder) as stream:
+        if isinstance(decoder, str):
+            with pytest.warns(DeprecationWarning, match=r"struct\.Struct\('<QQ'\)"):
+                stream = aperf.PerfStream(producer.map, pages=64, decoder=decoder)
+        else:
+            stream = aperf.PerfStream(producer.map, pages=64, decoder=decoder)
+        async with stream:
             producer.emit(1000, size=32, cpu=CPU, first_seq=0)
             stream.flush()
             seqs = []

@@ -1,4 +1,5 @@
-"""The only part of aperf that speaks ctypes: libbpf's prototypes and thin wrappers."""
+"""The only part of aperf that speaks ctypes: libbpf's prototypes, and a Pythonic
+surface over them (bytes in, bytes and ints out; BTF type records; perf rings)."""
 
 from ._api import (
     BTF_INT_BOOL,
@@ -11,6 +12,7 @@ from ._api import (
     BTF_KIND_INT,
     BTF_KIND_PTR,
     BTF_KIND_STRUCT,
+    BTF_KIND_TYPEDEF,
     BTF_KIND_UNION,
     BTF_KIND_VAR,
     VERBOSE_ENV,
@@ -27,6 +29,7 @@ from ._api import (
     install_print,
     iter_maps,
     iter_programs,
+    libbpf_version,
     map_info,
     map_initial_value,
     map_lookup,
@@ -35,8 +38,8 @@ from ._api import (
     open_object,
     pin_map,
     pinned_object_fd,
+    set_libbpf_verbose,
     set_map_initial_value,
-    set_verbose,
     test_run_on_cpu,
     unpin_map,
 )
@@ -74,6 +77,7 @@ __all__ = [
     "BTF_KIND_INT",
     "BTF_KIND_PTR",
     "BTF_KIND_STRUCT",
+    "BTF_KIND_TYPEDEF",
     "BTF_KIND_UNION",
     "BTF_KIND_VAR",
     "LIBBPF_ENV",
@@ -107,6 +111,7 @@ __all__ = [
     "iter_maps",
     "iter_programs",
     "libbpf_num_possible_cpus",
+    "libbpf_version",
     "library",
     "map_info",
     "map_initial_value",
@@ -116,8 +121,8 @@ __all__ = [
     "open_object",
     "pin_map",
     "pinned_object_fd",
+    "set_libbpf_verbose",
     "set_map_initial_value",
-    "set_verbose",
     "test_run_on_cpu",
     "unpin_map",
     "version",

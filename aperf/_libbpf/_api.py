@@ -21,10 +21,17 @@ from . import _binding as c
 VERBOSE_ENV = "APERF_LIBBPF_VERBOSE"
 LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_vsnprintf = _libc.vsnprintf
-_vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
-_vsnprintf.restype = ctypes.c_int
+_vsnprintf: Any = None  # libc's, declared on first use (importing aperf loads no library)
+
+
+def _libc_vsnprintf() -> Any:
+    global _vsnprintf
+    if _vsnprintf is None:
+        fn = ctypes.CDLL(None, use_errno=True).vsnprintf
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _vsnprintf = fn
+    return _vsnprintf
 
 
 class _LogState(threading.local):
@@ -40,7 +47,7 @@ _print_lock = threading.Lock()
 
 def _format(fmt: bytes, args: int | None) -> str:
     buf = ctypes.create_string_buffer(4096)
-    _vsnprintf(buf, len(buf), fmt, args)
+    _libc_vsnprintf()(buf, len(buf), fmt, args)
     return buf.value.decode("utf-8", "replace")
 
 
@@ -74,11 +81,16 @@ def install_print() -> None:
             _print_installed = True
 
 
-def set_verbose(verbose: bool) -> None:
-    """Print all of libbpf's output (debug included) to stderr; like APERF_LIBBPF_VERBOSE=1."""
+def set_libbpf_verbose(verbose: bool = True) -> None:
+    """Print all of libbpf's output, debug included, to stderr (or set APERF_LIBBPF_VERBOSE=1)."""
     global _verbose
     _verbose = verbose
     install_print()
+
+
+def libbpf_version() -> tuple[int, int]:
+    """The (major, minor) version of the libbpf aperf loaded (>= 1.0)."""
+    return c.version()
 
 
 class capture_log:
@@ -393,6 +405,7 @@ def object_btf(obj: int) -> Btf | None:
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_BPF_OUTPUT = 10
 PERF_SAMPLE_RAW = 1 << 10
+PERF_FORMAT_LOST = 1 << 4  # Linux 6.0+: read() on the fd reports the event's lost samples
 _ATTR_WATERMARK_BIT = 1 << 14
 
 
@@ -503,9 +516,12 @@ class PerfRings:
         *,
         wakeup_events: int = 1,
         wakeup_watermark: int = 0,
+        count_lost: bool = False,
     ) -> None:
         self._pb = 0
         attr = _perf_event_attr()
+        if count_lost:
+            attr.read_format = PERF_FORMAT_LOST
         attr.size = ctypes.sizeof(attr)
         attr.type = PERF_TYPE_SOFTWARE
         attr.config = PERF_COUNT_SW_BPF_OUTPUT

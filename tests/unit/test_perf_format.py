@@ -1,4 +1,4 @@
-"""Sans-I/O ring reading on fake memory: wrapping, corrupt headers, record kinds, the core."""
+"""The perf ring format on fake memory: wrapping, corrupt headers, record kinds, wakeups."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import struct
 import pytest
 
 import aperf
-from aperf._core import StreamCore
-from aperf._ring import RingReader, split_span
+from aperf._perf_format import PerfRing, split_span
 from aperf.testing import FakeRingMemory, encode_lost, encode_sample
 
 
 def test_record_wrapping_the_ring_end_is_reassembled() -> None:
     memory = FakeRingMemory(256)
-    reader = RingReader(0, memory)
+    reader = PerfRing(0, -1, memory)
     filler = encode_sample(b"a" * 200)  # 212 bytes
     assert memory.write(filler)
     assert reader.take() == filler
@@ -101,62 +100,11 @@ def test_split_matches_record_by_record_parsing(seed: int) -> None:
 def test_head_beyond_ring_size_is_corrupt_and_never_read() -> None:
     memory = FakeRingMemory(128)
     memory.head = 1000  # claims more than the ring holds
-    reader = RingReader(1, memory)
+    reader = PerfRing(1, -1, memory)
     with pytest.raises(aperf.BrokenRingError, match="CPU 1"):
         reader.take()
     with pytest.raises(aperf.BrokenRingError):
         reader.take()  # stays stopped
-
-
-def _core(max_pending: int = 10) -> tuple[StreamCore, dict[int, FakeRingMemory]]:
-    rings = {0: FakeRingMemory(4096), 1: FakeRingMemory(4096)}
-    readers = {cpu: RingReader(cpu, m) for cpu, m in rings.items()}
-    return StreamCore(readers, max_pending=max_pending), rings
-
-
-def test_core_pauses_when_full_and_resumes_by_draining_every_ring() -> None:
-    core, rings = _core(max_pending=10)
-    for i in range(12):
-        rings[0].write(encode_sample(struct.pack("<Q", i)))
-    assert core.woken(0) == 12  # one span is taken whole
-    assert core.pending >= core.max_pending
-    rings[1].write(encode_sample(struct.pack("<Q", 100)))
-    assert core.woken(1) == 0 and core.paused  # full: the ring keeps its data
-    assert rings[1].head != rings[1].tail
-    taken = core.take(8)
-    assert [struct.unpack_from("<Q", e.data)[0] for e in taken] == list(range(8))
-    assert core.maybe_resume() == 1  # below the low-water mark: CPU 1 drained without a wakeup
-    rest = core.take(100)
-    assert [(e.cpu, struct.unpack_from("<Q", e.data)[0]) for e in rest] == [
-        (0, 8), (0, 9), (0, 10), (0, 11), (1, 100)
-    ]
-    stats = core.statistics()
-    assert stats.samples == 13 and stats.wakeups == 2 and not stats.paused
-
-
-def test_core_queues_a_broken_ring_as_a_failure_in_order() -> None:
-    core, rings = _core(max_pending=100)
-    rings[0].write(encode_sample(b"fine"))
-    rings[0].write(struct.pack("<IHH", 9, 0, 0) + b"\0" * 8)
-    core.drain(0)
-    with pytest.raises(aperf.BrokenRingError):
-        core.take(10)
-    assert core.statistics().cpus[0].broken
-    rings[1].write(encode_sample(b"other cpu"))
-    core.drain(1)
-    assert [e.data for e in core.take(10)] == [b"other cpu\0\0\0"]
-
-
-def test_put_back_keeps_order() -> None:
-    core, rings = _core(max_pending=100)
-    for i in range(5):
-        rings[0].write(encode_sample(struct.pack("<Q", i)))
-    core.drain(0)
-    batch = core.take(3)
-    core.put_back(batch[1:])
-    order = [struct.unpack_from("<Q", e.data)[0] for e in core.take(10)]
-    assert order == [1, 2, 3, 4]
-    assert core.pending == 0
 
 
 def test_wakeup_policies_validate() -> None:

@@ -1,8 +1,8 @@
-"""Sans-I/O perf ring reading: byte-ring arithmetic and record parsing.
+"""The perf ring format, sans I/O: byte-ring arithmetic and record parsing.
 
-Nothing here knows about libbpf, fds or event loops: a :class:`RingReader`
-works on any object with the :class:`RingMemoryLike` shape, which is how the
-unit tests drive it on fake memory.
+Nothing here knows about libbpf, fds or event loops: a :class:`PerfRing`
+works on any object with the :class:`RingMemoryLike` shape (the mmapped ring
+of a perf event, or plain memory in ``aperf.testing``).
 """
 
 from __future__ import annotations
@@ -31,28 +31,33 @@ class RingMemoryLike(Protocol):
     def set_tail(self, tail: int) -> None: ...
 
 
-class RingReader:
-    """Takes the readable span out of one CPU's ring and releases it at once."""
+class PerfRing:
+    """One perf ring: takes the readable span out of its memory and releases it at once.
 
-    __slots__ = ("_mask", "broken", "cpu", "memory")
+    ``key`` is the CPU, ``handle`` the readiness handle; a backend that keeps
+    its own count of dropped samples overrides :meth:`lost_total`.
+    """
 
-    def __init__(self, cpu: int, memory: RingMemoryLike) -> None:
+    __slots__ = ("_mask", "handle", "key", "memory")
+
+    def __init__(self, key: int, handle: int, memory: RingMemoryLike) -> None:
         size = memory.size
         if size <= 0 or size & (size - 1):
             raise ValueError(f"ring data size {size} is not a power of two")
-        self.cpu = cpu
+        self.key = key
+        self.handle = handle
         self.memory = memory
-        self.broken: BrokenRingError | None = None
         self._mask = size - 1
 
     def pending_bytes(self) -> int:
         head, tail = self.memory.positions()
         return head - tail
 
+    def lost_total(self) -> int | None:
+        return None
+
     def take(self) -> bytes:
         """Copy every complete record out of the ring (wrapping span joined) and free the space."""
-        if self.broken is not None:
-            raise self.broken
         memory = self.memory
         head, tail = memory.positions()
         length = head - tail
@@ -60,11 +65,10 @@ class RingReader:
             return b""
         size = self._mask + 1
         if length < 0 or length > size:
-            self.broken = BrokenRingError(
-                self.cpu,
+            raise BrokenRingError(
+                self.key,
                 f"head {head} and tail {tail} are {length} bytes apart in a {size}-byte ring",
             )
-            raise self.broken
         start = tail & self._mask
         first = size - start
         if length <= first:
@@ -177,30 +181,14 @@ def encode_lost(count: int, event_id: int = 0) -> bytes:
     return _HEADER.pack(PERF_RECORD_LOST, 0, 24) + struct.pack("<QQ", event_id, count)
 
 
-class FakeRingMemory:
-    """A ring in plain memory, for tests of code that reads rings (public via aperf.testing)."""
+class PerfRecords:
+    """The record format of perf rings (``perf_event_header`` records)."""
 
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self.data = bytearray(size)
-        self.head = 0
-        self.tail = 0
+    name = "perf"
 
-    def positions(self) -> tuple[int, int]:
-        return self.head, self.tail
+    @staticmethod
+    def split(key: int, span: bytes) -> tuple[list[Segment], int]:
+        return split_span(key, span)
 
-    def copy(self, offset: int, length: int) -> bytes:
-        assert offset >= 0 and offset + length <= self.size, "read out of the ring's bounds"
-        return bytes(self.data[offset : offset + length])
 
-    def set_tail(self, tail: int) -> None:
-        self.tail = tail
-
-    def write(self, record: bytes) -> bool:
-        """Append a record as the kernel would (wrapping); False if it does not fit."""
-        if self.size - (self.head - self.tail) < len(record):
-            return False
-        for i, byte in enumerate(record):
-            self.data[(self.head + i) % self.size] = byte
-        self.head += len(record)
-        return True
+PERF_RECORDS = PerfRecords()

@@ -1,0 +1,157 @@
+"""What every driver does before reading: check the options, resolve the source
+and the decoder, then open the rings and build the one reader.
+
+Everything a user can get wrong is checked in the driver's constructor, before
+any ring exists: the arguments are resolved here once, with typed errors that
+name the argument.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+import struct
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._btf import from_btf
+from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
+from ._object import BPFObject
+from ._options import (
+    Wakeup,
+    check_decode_errors,
+    check_max_pending,
+    resolve_wakeup,
+    ring_data_bytes,
+)
+from ._perf_source import MapSource, PerfEventArraySource
+from ._reader import Clock, DecodeErrorPolicy, Reader
+from ._source import RingConfig, RingSource
+
+DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
+"""What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
+subclass, the name of a struct (or typedef) in the map's object's BTF, or None."""
+
+SourceSpec = RingSource | MapSource
+_C_NAME = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_ring_source(value: object) -> bool:
+    return all(hasattr(value, a) for a in ("open", "free", "acknowledge", "records", "handle_kind"))
+
+
+def resolve_source(spec: object) -> RingSource:
+    """A ring source from what the user passed: a source itself, or a perf event array."""
+    if is_ring_source(spec):
+        return spec  # type: ignore[return-value]
+    return PerfEventArraySource(spec)  # type: ignore[arg-type]  # it checks the type itself
+
+
+def _owner_object(source: RingSource) -> BPFObject | None:
+    owner = getattr(source, "object", None)
+    return owner if isinstance(owner, BPFObject) else None
+
+
+def resolve_decoder(spec: DecoderSpec, source: RingSource) -> Decoder | None:
+    """The decoder for ``decoder=``. A string always names a BTF struct or typedef."""
+    if spec is None:
+        return None
+    if is_ctypes_structure(spec):
+        return from_ctypes(spec)  # type: ignore[arg-type]
+    if isinstance(spec, struct.Struct):
+        return from_struct(spec)
+    if isinstance(spec, str):
+        return _decoder_from_string(spec, source)
+    if callable(spec):
+        return spec
+    raise TypeError(
+        "decoder must be a callable, a struct.Struct, a ctypes.Structure subclass or a BTF "
+        f"type name, not {type(spec).__name__}"
+    )
+
+
+def _decoder_from_string(spec: str, source: RingSource) -> Decoder:
+    if _C_NAME.match(spec) and not keyword.iskeyword(spec):
+        owner = _owner_object(source)
+        if owner is None:
+            raise TypeError(
+                f"decoder={spec!r} names a BTF type, but the source is not a map of an "
+                f"aperf.BPFObject; pass decoder=aperf.decoders.from_btf(obj, {spec!r})"
+            )
+        try:
+            return from_btf(owner, spec)
+        except LookupError as exc:
+            exc.args = (
+                f"{exc.args[0]} (a decoder string names a BTF struct or typedef; for a struct "
+                f"format pass struct.Struct({spec!r}))",
+            )
+            raise
+    try:
+        packed = struct.Struct(spec)
+    except struct.error:
+        raise ValueError(
+            f"decoder={spec!r} is not a C identifier: a decoder string names a struct or "
+            "typedef in the object's BTF (struct formats go in as struct.Struct(...))"
+        ) from None
+    warnings.warn(
+        f"decoder={spec!r}: struct format strings are deprecated, since a string names a BTF "
+        f"type; pass decoder=struct.Struct({spec!r})",
+        DeprecationWarning,
+        stacklevel=5,
+    )
+    return from_struct(packed)
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """Everything a driver needs to open a reader, validated."""
+
+    source: RingSource
+    ring_bytes: int | None
+    wakeup: Wakeup
+    decoder: Decoder | None
+    max_pending: int
+    decode_errors: DecodeErrorPolicy
+
+    @classmethod
+    def check(
+        cls,
+        source: object,
+        *,
+        pages: int | None,
+        ring_bytes: int | None,
+        wakeup: Wakeup | str | None,
+        decoder: DecoderSpec,
+        max_pending: int,
+        decode_errors: DecodeErrorPolicy,
+    ) -> ReaderOptions:
+        ring_source = resolve_source(source)
+        return cls(
+            source=ring_source,
+            ring_bytes=ring_data_bytes(pages, ring_bytes),
+            wakeup=resolve_wakeup(wakeup),
+            decoder=resolve_decoder(decoder, ring_source),
+            max_pending=check_max_pending(max_pending),
+            decode_errors=check_decode_errors(decode_errors),
+        )
+
+    def open(self, clock: Clock) -> Reader:
+        """Open the rings and build the reader on them (all or nothing)."""
+        source = self.source
+        rings = source.open(RingConfig(self.ring_bytes, self.wakeup))
+        try:
+            return Reader(
+                source,
+                rings,
+                wakeup=self.wakeup,
+                clock=clock,
+                decoder=self.decoder,
+                decode_errors=self.decode_errors,
+                max_pending=self.max_pending,
+            )
+        except BaseException:
+            source.free()
+            raise
+
