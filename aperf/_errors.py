@@ -10,6 +10,8 @@ import errno as _errno
 import os
 import re
 
+import anyio
+
 
 class AperfError(Exception):
     """Base class of every error aperf raises on purpose."""
@@ -124,12 +126,21 @@ class RingSizeError(AperfError, ValueError):
     """The per-CPU ring size is invalid (page count not a power of two, zero, too large)."""
 
 
-class ClosedResourceError(AperfError):
-    """The stream, buffer or object was closed."""
+class ClosedResourceError(AperfError, anyio.ClosedResourceError):
+    """The stream, buffer or object was closed.
+
+    Also an ``anyio.ClosedResourceError``: code written for anyio's resources catches it.
+    """
 
 
-class BusyResourceError(AperfError):
-    """Another task is already using this resource (e.g. iterating the same stream)."""
+class BusyResourceError(AperfError, anyio.BusyResourceError):
+    """Another task is already using this resource (e.g. iterating the same stream).
+
+    Also an ``anyio.BusyResourceError`` (whose message this class writes itself).
+    """
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)  # anyio's __init__ would wrap it in its own sentence
 
 
 class BrokenRingError(AperfError):

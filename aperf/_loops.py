@@ -4,7 +4,8 @@
 readiness handles, keep one timer, park one consumer until woken, and run a
 function on the loop from another thread. :class:`AsyncioBinding` serves
 asyncio and uvloop (``loop.add_reader`` on each ring fd, ``loop.call_at``);
-another loop or another kind of handle plugs in here.
+:class:`aperf._trio.TrioBinding` serves trio (and anyio on trio). The running
+library is told by ``sniffio``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+import sniffio
+
 from ._errors import AperfError, BusyResourceError
 from ._source import HandleKind
+
+OnHandle = Callable[[int], None]
+"""A function of a readiness handle: the driver's ``on_ready``, a source's ``acknowledge``."""
 
 
 class LoopBinding(Protocol):
@@ -23,8 +29,14 @@ class LoopBinding(Protocol):
         """The loop's clock (the reader's deadlines are on it)."""
         ...
 
-    def watch(self, handles: Iterable[int], on_ready: Callable[[int], None]) -> None:
-        """Call ``on_ready(handle)`` on the loop each time a handle fires."""
+    def watch(
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+    ) -> None:
+        """Call ``on_ready(handle)`` on the loop each time a handle fires.
+
+        ``acknowledge`` is the source's: a binding that must re-arm a handle
+        before ``on_ready`` runs clears its readiness with it first (trio).
+        """
         ...
 
     def forget(self, handle: int) -> None:
@@ -74,7 +86,9 @@ class AsyncioBinding:
         self._thread = threading.get_ident()
         self.time = loop.time
 
-    def watch(self, handles: Iterable[int], on_ready: Callable[[int], None]) -> None:
+    def watch(
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+    ) -> None:
         try:
             for fd in handles:
                 self._loop.add_reader(fd, on_ready, fd)
@@ -136,10 +150,16 @@ class AsyncioBinding:
 def current_binding(kind: HandleKind) -> LoopBinding:
     """The binding for the running event loop (called inside the loop)."""
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
         raise AperfError(
-            "PerfStream needs a running asyncio event loop (asyncio or uvloop); "
-            "for no event loop use aperf.PerfBuffer"
+            "PerfStream needs a running event loop (asyncio, uvloop or trio, directly or "
+            "through anyio); for no event loop use aperf.PerfBuffer"
         ) from None
-    return AsyncioBinding(loop, kind)
+    if library == "asyncio":
+        return AsyncioBinding(asyncio.get_running_loop(), kind)
+    if library == "trio":
+        from ._trio import TrioBinding  # trio is an optional dependency
+
+        return TrioBinding(kind)
+    raise AperfError(f"PerfStream runs on asyncio, uvloop or trio, not on {library}")

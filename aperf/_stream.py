@@ -136,13 +136,20 @@ class PerfStream(Generic[T]):
         loop = current_binding(source.handle_kind)
         reader = self._options.open(loop.time)
         try:
-            loop.watch(list({ring.handle: None for ring in reader.rings.values()}), self._on_ready)
+            loop.watch(
+                list({ring.handle: None for ring in reader.rings.values()}),
+                self._on_ready,
+                source.acknowledge,
+            )
         except BaseException:
             reader.close()
             source.free()
             raise
         self._reader = reader
         self._loop = loop
+        # Arming a perf fd polls it, which clears a wakeup that came between opening
+        # the rings and arming them: look once now that they are armed.
+        reader.drain_all()
         self._sync_timer()
         log.info(
             "perf stream opened",
@@ -178,10 +185,15 @@ class PerfStream(Generic[T]):
             self._close_now()
             return
         done = threading.Event()
+        failed: list[BaseException] = []
 
         def close_in_loop() -> None:
+            # Hand a failure back to the closing thread: raised on the loop it would
+            # only be logged (asyncio) or crash the run (trio).
             try:
                 self._close_now()
+            except BaseException as exc:
+                failed.append(exc)
             finally:
                 done.set()
 
@@ -198,6 +210,8 @@ class PerfStream(Generic[T]):
                 raise BusyResourceError(
                     f"the event loop did not run the close of this stream within {timeout} s"
                 )
+        if failed:
+            raise failed[0]
 
     def _close_now(self) -> None:
         with self._close_lock:

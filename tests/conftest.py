@@ -2,7 +2,10 @@
 
 Kernel tests take the ``kernel`` fixture (or a fixture built on it). Where BPF
 is unavailable they skip, unless ``APERF_REQUIRE_BPF=1`` (CI sets it), where
-they fail instead. Every asyncio test runs on the default loop and on uvloop.
+they fail instead. Every async test runs on every loop aperf supports: asyncio,
+uvloop and trio, through anyio's pytest plugin (``pytest.mark.anyio`` and the
+``anyio_backend`` fixture below). Tests still marked ``pytest.mark.asyncio``
+(pytest-asyncio) run on asyncio and uvloop.
 """
 
 from __future__ import annotations
@@ -19,6 +22,19 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BPF_DIR = REPO / "bpf"
 REQUIRE_BPF = os.environ.get("APERF_REQUIRE_BPF", "") not in ("", "0")
+
+
+LOOPS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param(("trio", {}), id="trio"),
+]
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """Every ``pytest.mark.anyio`` test runs once per loop."""
+    return request.param  # type: ignore[no-any-return]
 
 
 def pytest_asyncio_loop_factories(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import enum
 import os
 import struct
 from typing import Any
 
+import anyio
 import pytest
 
 import aperf
@@ -17,7 +17,7 @@ from aperf.testing import Producer, object_path
 
 from .conftest import take
 
-pytestmark = pytest.mark.usefixtures("kernel")
+pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 CPU = sorted(os.sched_getaffinity(0))[-1]
 
 
@@ -70,7 +70,6 @@ def test_btf_name_needs_an_object_map(producer: Producer) -> None:
         aperf.PerfStream(producer.map.fd, decoder="kinds")
 
 
-@pytest.mark.asyncio
 async def test_ctypes_and_struct_decoders_agree(producer: Producer) -> None:
     reference = aperf.decoders.from_ctypes(Head)
     for name, decoder in [
@@ -100,7 +99,6 @@ async def test_ctypes_and_struct_decoders_agree(producer: Producer) -> None:
         assert seqs == list(range(1000)), name
 
 
-@pytest.mark.asyncio
 async def test_decoder_longer_than_the_sample_yields_error_items(producer: Producer) -> None:
     async with aperf.PerfStream(producer.map, pages=64, decoder=TooLong) as stream:
         producer.emit(10, size=32, cpu=CPU)
@@ -124,7 +122,6 @@ def emit_short_long_short_long(producer: Producer, stream: aperf.PerfStream) -> 
     stream.flush()
 
 
-@pytest.mark.asyncio
 async def test_raise_and_skip_policies(producer: Producer) -> None:
     async with aperf.PerfStream(
         producer.map, pages=64, decoder=TooLong, decode_errors="raise"
@@ -133,7 +130,8 @@ async def test_raise_and_skip_policies(producer: Producer) -> None:
         outcomes = []
         for _ in range(4):
             try:
-                event = await asyncio.wait_for(anext(stream), 5)
+                with anyio.fail_after(5):
+                    event = await anext(stream)
                 outcomes.append(event.value.seq)
             except aperf.DecodeError as exc:
                 outcomes.append(("error", len(exc.data)))
@@ -169,17 +167,16 @@ def test_every_size_against_a_16_byte_type(producer: Producer) -> None:
     assert stats.decode_errors == sum(1 for s in range(1, 65) if ((s + 11) & ~7) - 4 < 16)
 
 
-@pytest.mark.asyncio
 async def test_batches_match_per_item_iteration(producer: Producer) -> None:
     n = 30_000
     decoder = struct.Struct("<QQ")
     runs: dict[str, list[tuple[int, int]]] = {}
     for mode in ("items", "batches", "on_batch"):
         seen: list[tuple[int, int]] = []
-        done = asyncio.Event()
+        done = anyio.Event()
 
         def on_batch(batch: list[Any], seen: list[tuple[int, int]] = seen,
-                     done: asyncio.Event = done) -> None:
+                     done: anyio.Event = done) -> None:
             seen.extend((e.cpu, e.value[0]) for e in batch)
             if len(seen) >= n:
                 done.set()
@@ -204,18 +201,18 @@ async def test_batches_match_per_item_iteration(producer: Producer) -> None:
                         break
                 assert max(sizes) <= 1000
             else:
-                runner = asyncio.create_task(stream.run())
-                await asyncio.wait_for(done.wait(), 20)
-                await stream.aclose()
-                await runner
-            await asyncio.to_thread(thread.join)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream.run)
+                    with anyio.fail_after(20):
+                        await done.wait()
+                    await stream.aclose()
+            await anyio.to_thread.run_sync(thread.join)
         runs[mode] = [(cpu, seq % n) for cpu, seq in seen]
     assert runs["items"] == [(CPU, i) for i in range(n)]
     assert runs["batches"] == runs["items"]
     assert runs["on_batch"] == runs["items"]
 
 
-@pytest.mark.asyncio
 async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: None) -> None:
     from .conftest import BPF_DIR
 
@@ -225,10 +222,10 @@ async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: N
         obj.load()
         obj.attach()
         async with aperf.PerfStream(obj.maps["perf_buffer"], pages=8, decoder="event") as stream:
-            proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", "exit 5")
-            assert await proc.wait() == 5
+            async with await anyio.open_process(["/bin/sh", "-c", "exit 5"]) as proc:
+                assert await proc.wait() == 5
             mine = []
-            async with asyncio.timeout(10):
+            with anyio.fail_after(10):
                 async for event in stream:
                     if event.value.pid == proc.pid:
                         mine.append(event)

@@ -1,0 +1,227 @@
+"""trio's binding of the async driver (``trio.run``, ``anyio.run(..., backend="trio")``).
+
+Each stream gets one system task (``trio.lowlevel.spawn_system_task``), so
+that rings are drained while the consumer is busy, as on asyncio, without the
+user passing a nursery. Inside it:
+
+- a *watcher* per readiness handle loops on ``trio.lowlevel.wait_readable``;
+  when its handle fires it acknowledges it, hands it to the pump and at once
+  waits again;
+- the *pump* calls the driver's ``on_ready`` for the handles that fired and
+  runs the drain timer: it parks in a cancel scope whose deadline is the
+  timer's (trio's own timeouts are cancel scopes too).
+
+Why the watcher re-arms before the pump drains: trio waits with
+``EPOLLONESHOT`` and re-arms with ``EPOLL_CTL_MOD``, and the kernel polls the
+fd at that moment. A perf event fd clears its readiness when polled, so a
+wakeup that arrives after a wakeup was reported but before the re-arm is
+consumed by the re-arm and never reported (measured: a sample pending, nothing
+reported). Re-arming first and draining after means that every sample written
+before the re-arm is taken by the drain that follows it, and every later one
+wakes the armed watcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterable
+
+import trio
+
+from ._errors import AperfError, BusyResourceError
+from ._loops import OnHandle
+from ._source import HandleKind
+
+_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+
+
+def _nothing() -> None:
+    pass
+
+
+class TrioBinding:
+    """trio: a watcher task per handle, one pump task for drains and the timer."""
+
+    def __init__(self, kind: HandleKind) -> None:
+        if kind != "fd":
+            raise AperfError(f"the trio binding cannot wait on {kind} handles")
+        self._token = trio.lowlevel.current_trio_token()
+        # The run's clock object can be read from any thread (statistics() may be);
+        # trio.current_time() only inside the run.
+        self.time: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        self._thread = threading.get_ident()
+        self._fds: set[int] = set()
+        self._ready: dict[int, None] = {}  # handles that fired, in order, for the pump
+        self._on_ready: Callable[[int], None] = lambda handle: None
+        self._acknowledge: Callable[[int], None] = lambda handle: None
+        self._at: float | None = None
+        self._callback: Callable[[], None] = _nothing
+        self._pump: trio.lowlevel.Task | None = None  # the pump while parked
+        self._pump_scope: trio.CancelScope | None = None  # its deadline is the timer
+        self._waiter: trio.lowlevel.Task | None = None  # the parked consumer
+        self._scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self._spawned = False
+        self._stopped = False
+        self._look = False  # handles were armed: look at every ring once
+
+    # --- the system task ------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        if not self._spawned:
+            self._spawned = True
+            trio.lowlevel.spawn_system_task(self._run, name="aperf stream pump")
+
+    async def _run(self) -> None:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for fd in list(self._fds):
+                    nursery.start_soon(self._watch_one, fd)
+                await self._pump_loop()
+                nursery.cancel_scope.cancel()
+        self._nursery = None
+
+    async def _watch_one(self, fd: int) -> None:
+        wait_readable = trio.lowlevel.wait_readable
+        # The first arm can eat a wakeup as every re-arm can (see the module's
+        # docstring): the pump looks at every ring once after it.
+        self._look = True
+        self._kick()
+        # forget() and stop() take the fd out of the set (and wake us through
+        # notify_closing) before it is closed: never wait on a closed fd number.
+        while fd in self._fds:
+            try:
+                await wait_readable(fd)
+            except trio.ClosedResourceError:
+                return
+            if fd not in self._fds:
+                return
+            # Clear level-triggered readiness before re-arming, or the re-arm reports
+            # it again. A failure here is reported by the pump's own acknowledge.
+            with contextlib.suppress(Exception):
+                self._acknowledge(fd)
+            self._ready[fd] = None
+            self._kick()
+
+    async def _pump_loop(self) -> None:
+        while not self._stopped:
+            if self._look:
+                self._look = False
+                self._callback()  # the driver's timer callback looks at every ring
+                continue
+            ready = self._ready
+            if ready:
+                handles = list(ready)
+                ready.clear()
+                for fd in handles:
+                    if fd in self._fds:
+                        self._on_ready(fd)
+                continue
+            at = self._at
+            if at is not None and self.time() >= at:
+                self._at = None
+                self._callback()
+                continue
+            with trio.CancelScope(deadline=math.inf if at is None else at) as scope:
+                self._pump_scope = scope
+                self._pump = trio.lowlevel.current_task()
+                try:
+                    await trio.lowlevel.wait_task_rescheduled(self._abort_pump)
+                finally:
+                    self._pump = None
+                    self._pump_scope = None
+
+    def _abort_pump(self, raise_cancel: object) -> trio.lowlevel.Abort:
+        self._pump = None
+        return _SUCCEEDED
+
+    def _kick(self) -> None:
+        task = self._pump
+        if task is not None:
+            self._pump = None
+            trio.lowlevel.reschedule(task)
+
+    # --- LoopBinding ------------------------------------------------------------------
+
+    def watch(
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+    ) -> None:
+        self._on_ready = on_ready
+        if acknowledge is not None:
+            self._acknowledge = acknowledge
+        new = [fd for fd in handles if fd not in self._fds]
+        self._fds.update(new)
+        if self._nursery is not None:
+            for fd in new:
+                self._nursery.start_soon(self._watch_one, fd)
+        self._spawn()
+
+    def forget(self, handle: int) -> None:
+        if handle in self._fds:
+            self._fds.discard(handle)
+            self._ready.pop(handle, None)
+            with contextlib.suppress(RuntimeError):  # not inside the run any more
+                trio.lowlevel.notify_closing(handle)
+
+    def schedule(self, at: float | None, callback: Callable[[], None]) -> None:
+        self._at = at
+        self._callback = callback
+        scope = self._pump_scope
+        if scope is not None:
+            scope.deadline = math.inf if at is None else at
+        self._spawn()
+
+    async def wait(self) -> None:
+        if self._waiter is not None:
+            raise BusyResourceError("another task is already reading this stream")
+        self._waiter = trio.lowlevel.current_task()
+
+        def abort(raise_cancel: object) -> trio.lowlevel.Abort:
+            self._waiter = None
+            return _SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def wake(self) -> None:
+        task = self._waiter
+        if task is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(task)
+
+    def in_loop_thread(self) -> bool:
+        return threading.get_ident() == self._thread
+
+    def _inside_run(self) -> bool:
+        try:
+            return trio.lowlevel.current_trio_token() is self._token
+        except RuntimeError:
+            return False
+
+    def running(self) -> bool:
+        if self.in_loop_thread():
+            return self._inside_run()
+        return self.call_soon_threadsafe(_nothing)
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> bool:
+        try:
+            self._token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        fds, self._fds = self._fds, set()
+        self._ready.clear()
+        self._at = None
+        if not self._inside_run():
+            return  # the run is over: its tasks and fd registrations are gone
+        for fd in fds:
+            # Unregister from trio's epoll now: the fds are closed right after this.
+            trio.lowlevel.notify_closing(fd)
+        self._scope.cancel()
