@@ -6,11 +6,14 @@ layout, bottom up (nothing imports upward):
 - ``_errors``, ``_events``, ``_options``: the vocabulary (errors, events, settings)
 - ``_libbpf/``: the only package that speaks ctypes (libbpf's prototypes)
 - ``_object``, ``_btf``: BPF objects, and everything read from BTF
-- ``_perf_format``, ``_decode``: sans-I/O perf ring arithmetic, records, decoders
-- ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays)
-  and ``_fake`` (``aperf.testing.FakeRingSource``) implement it
+- ``_perf_format``, ``_ringbuf_format``, ``_decode``: sans-I/O ring arithmetic and
+  records (perf rings, BPF ring buffers), decoders
+- ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays),
+  ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
+  (``aperf.testing.FakeRingSource``) implement it
 - ``_reader``: the one reading policy (queue, drain clock, dispatch, backpressure)
-- ``_setup``, ``_loops``, ``_stream``, ``_sync``: the drivers (async, sync) that only wait
+- ``_setup``, ``_loops`` (asyncio, uvloop), ``_trio``, ``_stream``, ``_sync``: the drivers
+  (async, sync) that only wait
 """
 
 from . import decoders as decoders
@@ -44,6 +47,8 @@ from ._object import Map as Map
 from ._object import Program as Program
 from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
+from ._ringbuf_format import NO_CPU as NO_CPU
+from ._ringbuf_source import RingBufferSource as RingBufferSource
 from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
 
@@ -51,6 +56,7 @@ __version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 
 __all__ = [
     "DEFAULT_PAGES",
+    "NO_CPU",
     "AperfError",
     "BPFObject",
     "BadSample",
@@ -74,6 +80,7 @@ __all__ = [
     "PerfBuffer",
     "PerfStream",
     "Program",
+    "RingBufferSource",
     "RingSizeError",
     "Sample",
     "StreamStatistics",

@@ -118,8 +118,13 @@ class VerifierError(ObjectError, LibbpfError):
 # --- perf rings and streams --------------------------------------------------
 
 
+def _ring_name(cpu: int) -> str:
+    return "ring buffer" if cpu < 0 else f"perf ring of CPU {cpu}"
+
+
+
 class MapTypeError(AperfError, TypeError):
-    """The map is not a BPF_MAP_TYPE_PERF_EVENT_ARRAY."""
+    """The map is neither a BPF_MAP_TYPE_PERF_EVENT_ARRAY nor a BPF_MAP_TYPE_RINGBUF."""
 
 
 class RingSizeError(AperfError, ValueError):
@@ -147,7 +152,7 @@ class BrokenRingError(AperfError):
     """A ring held a corrupt record header; that ring was stopped."""
 
     def __init__(self, cpu: int, reason: str) -> None:
-        super().__init__(f"perf ring of CPU {cpu} is corrupt and was stopped: {reason}")
+        super().__init__(f"{_ring_name(cpu)} is corrupt and was stopped: {reason}")
         self.cpu = cpu
 
 
@@ -155,7 +160,9 @@ class DecodeError(AperfError, ValueError):
     """A decoder did not fit a sample. ``cpu`` and ``data`` identify the sample."""
 
     def __init__(self, cpu: int, data: bytes, reason: str) -> None:
-        super().__init__(f"cannot decode a {len(data)}-byte sample from CPU {cpu}: {reason}")
+        super().__init__(
+            f"cannot decode a {len(data)}-byte sample from the {_ring_name(cpu)}: {reason}"
+        )
         self.cpu = cpu
         self.data = data
         self.reason = reason

@@ -87,7 +87,9 @@ class StreamStatistics:
     producer keeps its own count (Linux 6.0+ perf events with
     ``PERF_FORMAT_LOST``; ``lost`` then includes drops that no lost record has
     announced yet), ``"records"`` when only the kernel's lost records count
-    (older kernels: drops at the end of a burst show up once a sample follows).
+    (older kernels: drops at the end of a burst show up once a sample follows),
+    ``"none"`` for a BPF ring buffer read without the BPF side's count of failed
+    outputs (the kernel counts none: see :class:`aperf.RingBufferSource`).
     """
 
     cpus: tuple[CpuStatistics, ...]
@@ -98,7 +100,7 @@ class StreamStatistics:
     memory_bytes: int
     closed: bool
     drain_period: float | None = None  # the drain timer's current period (None: no timer)
-    lost_counter: Literal["exact", "records"] = "records"
+    lost_counter: Literal["exact", "records", "none"] = "records"
 
     @property
     def samples(self) -> int:

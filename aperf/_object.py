@@ -22,7 +22,6 @@ from ._errors import (
 )
 from ._log import log
 
-BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
 # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
 _PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})
 _V = TypeVar("_V")
@@ -77,6 +76,18 @@ class Map:
     def max_entries(self) -> int:
         self._owner._check_open()
         return int(lb.bpf_map__max_entries(self._ptr))
+
+    def set_max_entries(self, max_entries: int) -> None:
+        """Size the map before its object is loaded (a ring buffer: its bytes, a power of
+        two of at least a page)."""
+        self._owner._check_open()
+        if self._owner.loaded:
+            raise ObjectStateError(f"map {self.name!r}: set_max_entries before load()")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or not (
+            0 < max_entries < 1 << 32
+        ):
+            raise ValueError(f"max_entries must be an int in 1..2**32-1, not {max_entries!r}")
+        lb.bpf_map__set_max_entries(self._ptr, max_entries)
 
     @property
     def value_size(self) -> int:

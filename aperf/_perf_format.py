@@ -185,6 +185,7 @@ class PerfRecords:
     """The record format of perf rings (``perf_event_header`` records)."""
 
     name = "perf"
+    lost_records = True
 
     @staticmethod
     def split(key: int, span: bytes) -> tuple[list[Segment], int]:

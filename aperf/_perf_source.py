@@ -11,28 +11,25 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import threading
 from collections.abc import Sequence
 
 from . import _libbpf as lb
-from ._errors import (
-    BusyResourceError,
-    ClosedResourceError,
-    LibbpfError,
-    MapTypeError,
-    RingSizeError,
-)
+from ._errors import BusyResourceError, LibbpfError, RingSizeError
 from ._log import log
-from ._object import BPF_MAP_TYPE_PERF_EVENT_ARRAY, Map
+from ._map_spec import (
+    BPF_MAP_TYPE_PERF_EVENT_ARRAY,
+    MapClaim,
+    MapSource,
+    check_map_source,
+    map_facts,
+    open_map_fd,
+    require_type,
+    source_name,
+)
 from ._options import DEFAULT_PAGES, PAGE_SIZE
 from ._perf_format import PERF_RECORDS, PerfRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
-MapSource = Map | int | str | os.PathLike[str]
-"""What ``PerfStream``/``PerfBuffer`` accept besides a ring source: a map, its fd, a pinned path."""
-
-_claims: dict[int, str] = {}  # kernel map id -> who holds its slots, in this process
-_claims_lock = threading.Lock()
 _LOST_READ = struct.Struct("<QQ")  # read() with PERF_FORMAT_LOST: u64 value, u64 lost
 
 
@@ -53,19 +50,6 @@ def online_cpus() -> list[int]:
             return parse_cpu_list(f.read())
     except OSError:
         return list(range(os.cpu_count() or 1))
-
-
-def _check_is_map(fd: int, name: str) -> lb.MapInfo:
-    """The kernel's facts about the map behind ``fd``; MapTypeError if it is no BPF map."""
-    try:
-        target = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        raise ClosedResourceError(f"{name}: fd {fd} is not open") from None
-    if target != "anon_inode:bpf-map":
-        raise MapTypeError(
-            f"{name} is not a BPF map ({target}); aperf reads BPF_MAP_TYPE_PERF_EVENT_ARRAY maps"
-        )
-    return lb.map_info(fd)
 
 
 class _KernelPerfRing(PerfRing):
@@ -90,18 +74,11 @@ class PerfEventArraySource:
     records: RecordFormat = PERF_RECORDS
 
     def __init__(self, source: MapSource) -> None:
-        if isinstance(source, bool) or not isinstance(source, Map | int | str | os.PathLike):
-            raise TypeError(
-                "source must be an aperf.Map, a map fd (int), a pinned map path or a ring "
-                f"source, not {type(source).__name__}"
-            )
-        self._spec = source
-        self.name = source.name if isinstance(source, Map) else (
-            f"fd {source}" if isinstance(source, int) else os.fspath(source)
-        )
+        self._spec = check_map_source(source)
+        self.name = source_name(source)
         self._rings: lb.PerfRings | None = None
         self._map_fd = -1
-        self._claimed = 0
+        self._claim = MapClaim()
         self._ring_bytes = 0
         self._memory_bytes = 0
         self.map_id = 0
@@ -109,7 +86,7 @@ class PerfEventArraySource:
     @property
     def object(self) -> object | None:
         """The :class:`aperf.BPFObject` the map belongs to (for BTF decoders), if known."""
-        return self._spec.object if isinstance(self._spec, Map) else None
+        return getattr(self._spec, "object", None)
 
     @property
     def ring_bytes(self) -> int:
@@ -129,13 +106,9 @@ class PerfEventArraySource:
             raise
 
     def _open(self, config: RingConfig) -> list[PerfRing]:
-        self._map_fd = self._resolve()
-        facts = _check_is_map(self._map_fd, f"map {self.name}")
-        if facts.type != BPF_MAP_TYPE_PERF_EVENT_ARRAY:
-            raise MapTypeError(
-                f"map {self.name} has type {facts.type}; aperf reads "
-                f"BPF_MAP_TYPE_PERF_EVENT_ARRAY ({BPF_MAP_TYPE_PERF_EVENT_ARRAY}) maps"
-            )
+        self._map_fd = open_map_fd(self._spec)
+        facts = map_facts(self._map_fd, f"map {self.name}")
+        require_type(facts, self.name, BPF_MAP_TYPE_PERF_EVENT_ARRAY, "a perf event array")
         self.map_id = facts.id
         cpus = online_cpus()
         usable = [cpu for cpu in cpus if cpu < facts.max_entries]
@@ -147,7 +120,7 @@ class PerfEventArraySource:
             # As libbpf does: a slot per CPU id, CPUs beyond max_entries get no ring.
             log.warning("perf map smaller than cpu count", map=self.name,
                         max_entries=facts.max_entries, skipped=[c for c in cpus if c not in usable])
-        self._claim()
+        self._claim.take(self.map_id, self.name)
         ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = config.wakeup.kernel_settings(ring_bytes)
         pages = ring_bytes // PAGE_SIZE
@@ -173,36 +146,6 @@ class PerfEventArraySource:
         self._memory_bytes = len(rings) * (ring_bytes + PAGE_SIZE)
         return rings
 
-    def _resolve(self) -> int:
-        """An fd of our own for the map, closed by free()."""
-        source = self._spec
-        if isinstance(source, Map):
-            if source.closed:
-                raise ClosedResourceError(f"map {source.name!r} belongs to a closed BPFObject")
-            return os.dup(source.fd)
-        if isinstance(source, int):
-            try:
-                return os.dup(source)
-            except OSError as exc:
-                raise ClosedResourceError(f"map fd {source} is not open ({exc.strerror})") from None
-        path = os.fspath(source)
-        try:
-            return lb.pinned_object_fd(path)
-        except LibbpfError as exc:
-            exc.detail = f"opening pinned map {path!r}"
-            raise
-
-    def _claim(self) -> None:
-        with _claims_lock:
-            holder = _claims.get(self.map_id)
-            if holder is not None:
-                raise BusyResourceError(
-                    f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
-                    "a second reader would silently take its CPU slots. Close the first one."
-                )
-            _claims[self.map_id] = f"a stream opened as {self.name}"
-            self._claimed = self.map_id
-
     def acknowledge(self, handle: int) -> None:
         """Nothing to do: polling a perf fd clears its readiness."""
 
@@ -213,10 +156,7 @@ class PerfEventArraySource:
             if rings is not None:
                 rings.free()
         finally:
-            if self._claimed:
-                with _claims_lock:
-                    _claims.pop(self._claimed, None)
-                self._claimed = 0
+            self._claim.release()
             fd, self._map_fd = self._map_fd, -1
             if fd >= 0:
                 os.close(fd)

@@ -498,9 +498,12 @@ class Reader:
     # --- statistics -----------------------------------------------------------------
 
     @property
-    def lost_counter(self) -> Literal["exact", "records"]:
-        """Where loss counts come from: the producer's exact count, or lost records only."""
-        return "exact" if self._lost_base else "records"
+    def lost_counter(self) -> Literal["exact", "records", "none"]:
+        """Where loss counts come from: the producer's exact count, lost records, or nowhere
+        (a BPF ring buffer without the BPF side's count: the kernel keeps none)."""
+        if self._lost_base:
+            return "exact"
+        return "records" if getattr(self.source.records, "lost_records", True) else "none"
 
     def _kernel_lost(self, key: int, reported: int) -> int:
         """What the producer counts as lost on this ring, if more than the stream reported yet."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._btf import from_btf
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
+from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSource, check_map_source, map_type_of
 from ._object import BPFObject
 from ._options import (
     Wakeup,
@@ -26,8 +27,9 @@ from ._options import (
     resolve_wakeup,
     ring_data_bytes,
 )
-from ._perf_source import MapSource, PerfEventArraySource
+from ._perf_source import PerfEventArraySource
 from ._reader import Clock, DecodeErrorPolicy, Reader
+from ._ringbuf_source import RingBufferSource
 from ._source import RingConfig, RingSource
 
 DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
@@ -43,10 +45,17 @@ def is_ring_source(value: object) -> bool:
 
 
 def resolve_source(spec: object) -> RingSource:
-    """A ring source from what the user passed: a source itself, or a perf event array."""
+    """A ring source from what the user passed: a source itself, or a map, by its type.
+
+    A ring buffer map gets a :class:`RingBufferSource`; anything else a perf
+    event array source, whose open says what is wrong with it.
+    """
     if is_ring_source(spec):
         return spec  # type: ignore[return-value]
-    return PerfEventArraySource(spec)  # type: ignore[arg-type]  # it checks the type itself
+    source = check_map_source(spec)
+    if map_type_of(source) == BPF_MAP_TYPE_RINGBUF:
+        return RingBufferSource(source)
+    return PerfEventArraySource(source)
 
 
 def _owner_object(source: RingSource) -> BPFObject | None:

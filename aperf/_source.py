@@ -29,6 +29,9 @@ class RecordFormat(Protocol):
 
     name: str
 
+    lost_records: bool
+    """Whether the producer writes lost records into the ring (perf does; a BPF ring buffer not)."""
+
     def split(self, key: int, span: bytes) -> tuple[list[Segment], int]:
         """Segments of ``span`` in ring order, and the count of records skipped.
 
@@ -41,7 +44,8 @@ class Ring(Protocol):
     """One ring of a source."""
 
     key: int
-    """The ring's id: the CPU for a perf event array (what ``Sample.cpu`` says)."""
+    """The ring's id: the CPU for a perf event array (what ``Sample.cpu`` says); -1 for a
+    BPF ring buffer, one ring for every CPU."""
 
     handle: int
     """Its readiness handle (several rings may share one)."""

@@ -147,9 +147,11 @@ class PerfStream(Generic[T]):
             raise
         self._reader = reader
         self._loop = loop
-        # Arming a perf fd polls it, which clears a wakeup that came between opening
-        # the rings and arming them: look once now that they are armed.
-        reader.drain_all()
+        # Arming a perf fd polls it, which clears a wakeup that came between opening the
+        # rings and arming them; uvloop arms on its next iteration. So the first look
+        # at the rings is a tick of the drain timer, due now: it runs on the loop after
+        # the arm (the trio binding looks once more after its own first arm).
+        reader.deadline = loop.time()
         self._sync_timer()
         log.info(
             "perf stream opened",

@@ -1,11 +1,12 @@
-"""Tools for testing code that reads perf rings.
+"""Tools for testing code that reads BPF rings.
 
-:class:`Producer` makes the kernel emit exactly N perf samples of S bytes on a
+:class:`Producer` makes the kernel emit exactly N samples of S bytes on a
 chosen CPU, as fast as it can, with no attachment to any hook: a ``raw_tp``
 program looping with ``bpf_loop`` and run through ``BPF_PROG_TEST_RUN`` on that
-CPU. Each sample starts with a little-endian u64 sequence number (if S >= 8)
-and a u64 ``bpf_ktime_get_ns()`` timestamp (if S >= 16); smaller samples hold
-the low S bytes of the sequence number; the rest is zero.
+CPU, into a perf event array (``Producer()``) or a BPF ring buffer
+(``Producer(ring="ringbuf")``). Each sample starts with a little-endian u64
+sequence number (if S >= 8) and a u64 ``bpf_ktime_get_ns()`` timestamp (if
+S >= 16); smaller samples hold the low S bytes of the sequence number; the rest is zero.
 
 :class:`FakeRingSource` gives ``PerfStream`` and ``PerfBuffer`` per-CPU rings in
 memory that behave like the kernel's, with real fds for the event loop: test
@@ -27,9 +28,12 @@ from . import _libbpf as lb
 from ._fake import FakeRingMemory, FakeRingSource
 from ._object import BPFObject, Map
 from ._perf_format import encode_lost, encode_sample
+from ._ringbuf_source import RingBufferSource
 
 __all__ = [
     "MAX_RUN",
+    "RB_FORCE_WAKEUP",
+    "RB_NO_WAKEUP",
     "FakeRingMemory",
     "FakeRingSource",
     "Producer",
@@ -43,7 +47,13 @@ __all__ = [
 MAX_RUN = 1 << 23
 """Most samples one program run emits (bpf_loop's limit); larger counts take several runs."""
 
-_CONFIG = struct.Struct("<QQQ")  # struct producer_config { u64 count, size, first_seq; }
+# struct producer_config { u64 count, size, first_seq, target, rb_flags, discard_every; }
+_CONFIG = struct.Struct("<QQQQQQ")
+_TARGETS = {"perf": 0, "ringbuf": 1}
+RB_NO_WAKEUP = 1
+"""``bpf_ringbuf_output`` flag: commit without waking the reader (it finds the record later)."""
+RB_FORCE_WAKEUP = 2
+"""``bpf_ringbuf_output`` flag: wake the reader for this record whatever its position."""
 _KEY = struct.Struct("<I")
 _SEQ_TS = struct.Struct("<QQ")
 
@@ -63,12 +73,14 @@ def sample_header(data: bytes) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ProducerCounters:
-    """The BPF side's own counts since load: outputs that succeeded, that failed (ring full)."""
+    """The BPF side's own counts since load: outputs that succeeded, that failed (ring
+    full), and ring buffer records reserved and discarded on purpose (``discard_every``)."""
 
     ok: int
     failed: int
     tag: int
     runs: int
+    discarded: int = 0
 
 
 class Producer:
@@ -76,13 +88,26 @@ class Producer:
 
     >>> with Producer() as producer, PerfBuffer(producer.map, on_sample=...) as pb:
     ...     producer.emit(1000, size=32, cpu=0)
+
+    ``ring="ringbuf"`` makes it write into its BPF ring buffer (``ringbuf_bytes``
+    big, 1 MiB by default) instead of its perf event array; :attr:`map` is then
+    that ring buffer, and :meth:`source` gives a stream it with the BPF side's
+    count of failed outputs, so that drops arrive as ``Lost`` events.
     """
 
-    def __init__(self, *, tag: int = 0, path: str | None = None) -> None:
+    def __init__(
+        self, *, tag: int = 0, path: str | None = None, ring: str = "perf",
+        ringbuf_bytes: int | None = None,
+    ) -> None:
+        if ring not in _TARGETS:
+            raise ValueError(f"ring must be 'perf' or 'ringbuf', not {ring!r}")
+        self._target = _TARGETS[ring]
         self._obj = BPFObject(path or object_path("producer"))
         try:
             if tag:
                 self._obj.set_global("tag", tag)
+            if ringbuf_bytes is not None:
+                self._obj.maps["ringbuf"].set_max_entries(ringbuf_bytes)
             self._obj.load()
             self._prog_fd = self._obj.programs["produce"].fd
             self._config = self._obj.maps["config"]
@@ -99,28 +124,46 @@ class Producer:
 
     @property
     def map(self) -> Map:
-        """The perf event array the samples go to (``samples``)."""
-        return self._obj.maps["samples"]
+        """The map the samples go to: the perf event array ``samples``, or ``ringbuf``."""
+        return self._obj.maps["ringbuf" if self._target else "samples"]
+
+    def source(self) -> Map | RingBufferSource:
+        """What to stream: the perf event array (the kernel counts its drops), or the
+        ring buffer with the BPF side's count of failed outputs."""
+        if not self._target:
+            return self.map
+        return RingBufferSource(self.map, dropped=lambda: self.counters().failed)
 
     def emit(
-        self, count: int, *, size: int = 32, cpu: int = 0, first_seq: int | None = None
+        self, count: int, *, size: int = 32, cpu: int = 0, first_seq: int | None = None,
+        rb_flags: int = 0, discard_every: int = 0,
     ) -> int:
         """Emit ``count`` samples of ``size`` bytes on ``cpu``; returns the first sequence number.
 
         Blocks the calling thread (not the GIL) while the kernel runs the program,
         so it can run in a worker thread while a consumer reads on another CPU.
+        Ring buffer only: ``rb_flags`` (:data:`RB_NO_WAKEUP`, :data:`RB_FORCE_WAKEUP`)
+        go to ``bpf_ringbuf_output``; with ``discard_every=N`` every sample whose
+        sequence number is a multiple of N is reserved and discarded instead.
         """
         if not 1 <= size <= 4096:
             raise ValueError(f"sample size must be 1..4096 bytes, not {size}")
         if count < 0:
             raise ValueError(f"count must be >= 0, not {count}")
+        if (rb_flags or discard_every) and not self._target:
+            raise ValueError("rb_flags and discard_every are for Producer(ring='ringbuf')")
+        if rb_flags not in (0, RB_NO_WAKEUP, RB_FORCE_WAKEUP) or discard_every < 0:
+            raise ValueError(f"bad rb_flags {rb_flags!r} or discard_every {discard_every!r}")
         with self._lock:
             seq = self._next_seq if first_seq is None else first_seq
             self._next_seq = seq + count
         start = seq
         while count > 0:
             batch = min(count, MAX_RUN)
-            self._config.update(_KEY.pack(cpu), _CONFIG.pack(batch, size, seq))
+            self._config.update(
+                _KEY.pack(cpu),
+                _CONFIG.pack(batch, size, seq, self._target, rb_flags, discard_every),
+            )
             retval = lb.test_run_on_cpu(self._prog_fd, cpu)
             if retval != 0:
                 raise RuntimeError(f"producer program refused the run (returned {retval})")
@@ -153,7 +196,7 @@ class Producer:
 
     def counters(self) -> ProducerCounters:
         values = [
-            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(4)
+            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(5)
         ]
         return ProducerCounters(*values)
 

@@ -4,8 +4,14 @@
  * Not attached anywhere: user space runs "produce" with
  * bpf_prog_test_run_opts(.flags = BPF_F_TEST_RUN_ON_CPU, .cpu = N), after
  * writing config[N]. One run emits config[N].count samples of config[N].size
- * bytes into the perf event array "samples" on CPU N. The config is keyed by
- * CPU so that runs on different CPUs can be set up and run at the same time.
+ * bytes on CPU N: into the perf event array "samples" (target 0), or into the
+ * BPF ring buffer "ringbuf" (target 1) with bpf_ringbuf_output(..., rb_flags).
+ * The config is keyed by CPU so that runs on different CPUs can be set up and
+ * run at the same time.
+ *
+ * Ring buffer only: with discard_every = N > 0, every sample whose sequence
+ * number is a multiple of N is reserved (8 bytes) and discarded instead of
+ * written, so that readers meet records with the DISCARD bit.
  *
  * Sample layout (little endian):
  *   size >= 8 : bytes 0..7   = u64 sequence number (first_seq + i), i = 0..count-1
@@ -13,12 +19,13 @@
  *   size <  8 : bytes 0..size-1 = the low `size` bytes of the sequence number
  *   every other byte is zero (bytes 8..15 when size < 16, bytes 16..size-1).
  *
- * Return value of a run: 0 ok, 1 bad config (size not in 1..4096; nothing is
- * counted), 2 count > 1<<23 (bpf_loop's limit; rejected, not clamped, nothing
+ * Return value of a run: 0 ok, 1 bad config (size not in 1..4096, or an
+ * unknown target; nothing is counted), 2 count > 1<<23 (bpf_loop's limit; rejected, not clamped, nothing
  * is counted -- split large counts into several runs).
  *
- * counters: [0] += successful outputs, [1] += failed outputs (helper < 0),
- *           [2]  = tag, [3] += 1 per accepted run.
+ * counters: [0] += successful outputs, [1] += failed outputs (helper < 0, or
+ *           no room to reserve), [2]  = tag, [3] += 1 per accepted run,
+ *           [4] += discarded records. ok + failed + discarded == samples asked for.
  */
 /* vmlinux.h has "typedef struct config_s config;", which would clash with
  * the map named "config" that user space looks up: rename it away. */
@@ -38,13 +45,22 @@ enum {
 	CNT_FAILED = 1,
 	CNT_TAG = 2,
 	CNT_RUNS = 3,
+	CNT_DISCARDED = 4,
 	CNT_MAX,
+};
+
+enum {
+	TARGET_PERF = 0,
+	TARGET_RINGBUF = 1,
 };
 
 struct producer_config {
 	__u64 count;
 	__u64 size;
 	__u64 first_seq;
+	__u64 target;
+	__u64 rb_flags;
+	__u64 discard_every;
 };
 
 struct sample_buf {
@@ -56,6 +72,12 @@ struct {
 	__uint(key_size, sizeof(u32));
 	__uint(value_size, sizeof(u32));
 } samples SEC(".maps");
+
+/* 1 MiB unless user space sets max_entries before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} ringbuf SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -85,9 +107,25 @@ struct loop_ctx {
 	void *ctx;
 	__u64 size;
 	__u64 first_seq;
+	__u64 target;
+	__u64 rb_flags;
+	__u64 discard_every;
 	__u64 ok;
 	__u64 failed;
+	__u64 discarded;
 };
+
+static long discard_one(struct loop_ctx *lc, __u64 seq)
+{
+	__u64 *rec = bpf_ringbuf_reserve(&ringbuf, sizeof(*rec), 0);
+
+	if (!rec)
+		return -1;
+	*rec = seq;
+	bpf_ringbuf_discard(rec, lc->rb_flags);
+	lc->discarded++;
+	return 0;
+}
 
 static long emit_one(__u64 i, void *data)
 {
@@ -123,7 +161,16 @@ static long emit_one(__u64 i, void *data)
 	else
 		*(__u64 *)&buf->data[8] = 0;
 
-	ret = bpf_perf_event_output(lc->ctx, &samples, BPF_F_CURRENT_CPU, buf, size);
+	if (lc->target == TARGET_RINGBUF) {
+		if (lc->discard_every && seq % lc->discard_every == 0) {
+			if (discard_one(lc, seq) < 0)
+				lc->failed++;
+			return 0;
+		}
+		ret = bpf_ringbuf_output(&ringbuf, buf, size, lc->rb_flags);
+	} else {
+		ret = bpf_perf_event_output(lc->ctx, &samples, BPF_F_CURRENT_CPU, buf, size);
+	}
 	if (ret < 0)
 		lc->failed++;
 	else
@@ -154,14 +201,20 @@ int produce(void *ctx)
 		return 1;
 	if (cfg->count > MAX_LOOPS)
 		return 2;
+	if (cfg->target > TARGET_RINGBUF)
+		return 1;
 
 	lc.ctx = ctx;
 	lc.size = cfg->size;
 	lc.first_seq = cfg->first_seq;
+	lc.target = cfg->target;
+	lc.rb_flags = cfg->rb_flags;
+	lc.discard_every = cfg->discard_every;
 	bpf_loop(cfg->count, emit_one, &lc, 0);
 
 	counter_add(CNT_OK, lc.ok);
 	counter_add(CNT_FAILED, lc.failed);
+	counter_add(CNT_DISCARDED, lc.discarded);
 	key = CNT_TAG;
 	p = bpf_map_lookup_elem(&counters, &key);
 	if (p)

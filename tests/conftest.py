@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,3 +116,17 @@ async def take(stream: Any, count: int) -> AsyncIterator[Any]:
         taken += 1
         if taken == count:
             return
+
+
+async def run_until(
+    stream: Any, done: anyio.Event, start: Callable[[], threading.Thread], timeout: float = 20
+) -> None:
+    """Callback mode: ``stream.run()`` until ``done`` is set, while the thread ``start()``
+    returns produces; then close the stream, which ends ``run()``."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stream.run)
+        thread = start()
+        with anyio.fail_after(timeout):
+            await done.wait()
+        await anyio.to_thread.run_sync(thread.join)
+        await stream.aclose()

@@ -15,7 +15,7 @@ import aperf
 from aperf import _libbpf as lb
 from aperf.testing import Producer, object_path
 
-from .conftest import take
+from .conftest import run_until, take
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 CPU = sorted(os.sched_getaffinity(0))[-1]
@@ -201,11 +201,7 @@ async def test_batches_match_per_item_iteration(producer: Producer) -> None:
                         break
                 assert max(sizes) <= 1000
             else:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(stream.run)
-                    with anyio.fail_after(20):
-                        await done.wait()
-                    await stream.aclose()
+                await run_until(stream, done, lambda thread=thread: thread)
             await anyio.to_thread.run_sync(thread.join)
         runs[mode] = [(cpu, seq % n) for cpu, seq in seen]
     assert runs["items"] == [(CPU, i) for i in range(n)]

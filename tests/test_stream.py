@@ -21,7 +21,7 @@ import pytest
 import aperf
 from aperf.testing import Producer
 
-from .conftest import open_fds, take
+from .conftest import open_fds, run_until, take
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
@@ -207,13 +207,8 @@ async def test_callback_mode_with_sync_and_async_callbacks(producer: Producer) -
 
     async with aperf.PerfStream(
         producer.map, pages=BIG, on_sample=on_sample, on_lost=on_lost
-    ) as stream, anyio.create_task_group() as tg:
-        tg.start_soon(stream.run)
-        thread = producer.spawn(n, size=32, cpu=OTHER_CPU)
-        with anyio.fail_after(20):
-            await done.wait()
-        await join(thread)
-        await stream.aclose()  # run() returns once the stream is closed
+    ) as stream:
+        await run_until(stream, done, lambda: producer.spawn(n, size=32, cpu=OTHER_CPU))
     assert tally.seqs[OTHER_CPU] == list(range(n))
     assert_exact(producer, tally, n)
 

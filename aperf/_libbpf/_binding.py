@@ -228,6 +228,7 @@ bpf_map__fd = plain_fn("bpf_map__fd", ctypes.c_int, ctypes.c_void_p)
 bpf_map__type = plain_fn("bpf_map__type", ctypes.c_int, ctypes.c_void_p)
 bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
+bpf_map__set_max_entries = int_fn("bpf_map__set_max_entries", ctypes.c_void_p, ctypes.c_uint32)
 bpf_map__pin = int_fn("bpf_map__pin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__unpin = int_fn("bpf_map__unpin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__initial_value = plain_fn(

@@ -1,0 +1,157 @@
+"""A BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, Linux 5.8+) as a ring source.
+
+The map is mapped from its fd with Python's ``mmap``, as libbpf's
+``ring_buffer__add`` does: the consumer page read-write at offset 0, the
+producer page and the doubly mapped data area read-only at one page. libbpf
+1.1 has no accessor for that memory; from libbpf 1.3 on,
+``ring_buffer__ring(rb, 0)`` with ``ring__consumer_pos``, ``ring__producer_pos``,
+``ring__size`` and ``ring__map_fd`` (plus ``ring__avail_data_size``) would
+describe the same mapping, libbpf's own.
+
+Readiness: the map fd is readable while the ring holds data (level-triggered),
+where the driver expects one report per kernel wakeup, as perf fds give. So
+the readiness handle is an epoll fd of the source's own that watches the map
+fd edge-triggered: it turns readable on each wakeup, and ``acknowledge``
+(``epoll_wait`` with no timeout) clears it. It also watches an eventfd that
+the ring signals when a take leaves records behind (a producer as fast as the
+reader), so that the reader comes back for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+from collections.abc import Callable, Sequence
+
+from . import _map_spec as maps
+from ._errors import BusyResourceError, RingSizeError
+from ._options import PAGE_SIZE
+from ._ringbuf_format import RINGBUF_RECORDS, RingBufferRing
+from ._source import HandleKind, RecordFormat, RingConfig
+
+
+class RingBufferSource:
+    """The one ring of a ``BPF_MAP_TYPE_RINGBUF`` map, for ``PerfStream`` and ``PerfBuffer``.
+
+    ``PerfStream(map)`` builds one by itself when the map is a ring buffer;
+    build it yourself to give ``dropped``: a function returning the BPF
+    side's own count of failed ``bpf_ringbuf_output``/``bpf_ringbuf_reserve``
+    calls (the kernel counts none). The stream then reports drops as
+    :class:`aperf.Lost` events and in its statistics (``lost_counter="exact"``).
+
+    Samples carry ``cpu=-1`` (:data:`aperf.NO_CPU`): one ring serves every CPU.
+    The ring's size is the map's ``max_entries``, fixed when the map is
+    created (see :meth:`aperf.Map.set_max_entries`); ``pages``/``ring_bytes``
+    must match it or be left out. Wakeups are the producer's choice
+    (``BPF_RB_NO_WAKEUP``, ``BPF_RB_FORCE_WAKEUP``, or by default a wakeup when
+    the reader has caught up); the stream's ``wakeup`` setting only sets its
+    drain timer.
+    """
+
+    handle_kind: HandleKind = "fd"
+    records: RecordFormat = RINGBUF_RECORDS
+
+    def __init__(
+        self, source: maps.MapSource, *, dropped: Callable[[], int] | None = None
+    ) -> None:
+        self._spec = maps.check_map_source(source)
+        if dropped is not None and not callable(dropped):
+            raise TypeError(f"dropped must be callable, not {type(dropped).__name__}")
+        self.name = maps.source_name(source)
+        self._dropped = dropped
+        self._claim = maps.MapClaim()
+        self._map_fd = -1
+        self._consumer: mmap.mmap | None = None
+        self._producer: mmap.mmap | None = None
+        self._epoll: select.epoll | None = None
+        self._more_fd = -1
+        self._ring: RingBufferRing | None = None
+        self._size = 0
+
+    @property
+    def object(self) -> object | None:
+        """The :class:`aperf.BPFObject` the map belongs to (for BTF decoders), if known."""
+        return getattr(self._spec, "object", None)
+
+    @property
+    def ring_bytes(self) -> int:
+        return self._size
+
+    @property
+    def memory_bytes(self) -> int:
+        """The data area (mapped twice, stored once) and the consumer and producer pages."""
+        return self._size + 2 * PAGE_SIZE if self._size else 0
+
+    def open(self, config: RingConfig) -> Sequence[RingBufferRing]:
+        if self._ring is not None:
+            raise BusyResourceError(f"ring buffer {self.name} is already open")
+        try:
+            return [self._open(config)]
+        except BaseException:
+            self.free()
+            raise
+
+    def _open(self, config: RingConfig) -> RingBufferRing:
+        self._map_fd = maps.open_map_fd(self._spec)
+        facts = maps.map_facts(self._map_fd, f"map {self.name}")
+        maps.require_type(facts, self.name, maps.BPF_MAP_TYPE_RINGBUF, "a ring buffer")
+        size = facts.max_entries
+        if config.ring_bytes is not None and config.ring_bytes != size:
+            raise RingSizeError(
+                f"ring buffer {self.name} holds {size} bytes, fixed when the map was created "
+                f"(max_entries); pages/ring_bytes asked for {config.ring_bytes}: leave them out"
+            )
+        self._claim.take(facts.id, self.name)
+        fd = self._map_fd
+        self._consumer = mmap.mmap(
+            fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
+        )
+        self._producer = mmap.mmap(
+            fd, PAGE_SIZE + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE_SIZE
+        )
+        self._more_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll = select.epoll()
+        self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+        self._epoll.register(self._more_fd, select.EPOLLIN | select.EPOLLET)
+        self._size = size
+        self._ring = RingBufferRing(
+            self._epoll.fileno(), self._consumer, self._producer, PAGE_SIZE, size,
+            lost=self._dropped, more=self._signal_more,
+        )
+        return self._ring
+
+    def _signal_more(self) -> None:
+        os.eventfd_write(self._more_fd, 1)
+
+    def acknowledge(self, handle: int) -> None:
+        """Take the wakeups off the epoll fd (edge-triggered: they are reported once)."""
+        epoll = self._epoll
+        if epoll is None:
+            return
+        for fd, _ in epoll.poll(0):
+            if fd == self._more_fd:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(fd)
+
+    def free(self) -> None:
+        """Drop the ring's views, unmap, close the epoll fd, the eventfd and our map fd."""
+        ring, self._ring = self._ring, None
+        try:
+            if ring is not None:
+                ring.release()
+            for mapping in (self._consumer, self._producer):
+                if mapping is not None:
+                    mapping.close()
+        finally:
+            self._consumer = self._producer = None
+            epoll, self._epoll = self._epoll, None
+            if epoll is not None:
+                epoll.close()
+            for name in ("_more_fd", "_map_fd"):
+                fd = getattr(self, name)
+                setattr(self, name, -1)
+                if fd >= 0:
+                    os.close(fd)
+            self._claim.release()
