@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import re
+from typing import Any
 
 
 class AperfError(Exception):
@@ -138,6 +139,7 @@ class BrokenRingError(AperfError):
     def __init__(self, cpu: int, reason: str) -> None:
         super().__init__(f"perf ring of CPU {cpu} is corrupt and was stopped: {reason}")
         self.cpu = cpu
+        self.partial: list[Any] = []  # the intact records before the corrupt one
 
 
 class DecodeError(AperfError, ValueError):

@@ -156,6 +156,7 @@ class FakeRingSource:
         self._exact = exact_lost
         self._lock = threading.Lock()
         self._rings: dict[int, _FakeRing] = {}
+        self._dropped_at_free: dict[int, int] = {}
         self._wakeup = Wakeup.per_sample()
         self._events, self._watermark = 1, 0
 
@@ -195,6 +196,8 @@ class FakeRingSource:
     def free(self) -> None:
         with self._lock:
             rings, self._rings = self._rings, {}
+            if rings:
+                self._dropped_at_free = {cpu: ring.dropped for cpu, ring in rings.items()}
         for ring in rings.values():
             ring._ready.close()
 
@@ -252,9 +255,12 @@ class FakeRingSource:
             ring._ready.signal()
 
     def dropped(self, cpu: int) -> int:
-        """Samples dropped on ``cpu``'s ring since it opened (what the kernel counts)."""
+        """Samples dropped on ``cpu``'s ring since it last opened (what the kernel counts)."""
+        if cpu not in self.cpus:
+            raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
         with self._lock:
-            return self._ring(cpu).dropped
+            ring = self._rings.get(cpu)
+            return ring.dropped if ring is not None else self._dropped_at_free.get(cpu, 0)
 
     def pending_bytes(self, cpu: int) -> int:
         """Bytes written to ``cpu``'s ring and not yet taken by a reader."""
