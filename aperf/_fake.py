@@ -193,6 +193,16 @@ class FakeRingSource:
             if ring.handle == handle:
                 ring._ready.clear()
 
+    def after_fork(self) -> None:
+        """In a child: the memory is a private copy; close the child's eventfds only.
+
+        No lock: one held by another thread at the fork stays held in the child.
+        """
+        self._lock = threading.Lock()
+        rings, self._rings = self._rings, {}
+        for ring in rings.values():
+            ring._ready.close()
+
     def free(self) -> None:
         with self._lock:
             rings, self._rings = self._rings, {}

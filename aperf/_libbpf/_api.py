@@ -5,6 +5,7 @@ The rest of aperf calls these functions and never sees a ctypes type.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -446,13 +447,35 @@ class _perf_buffer_raw_opts(ctypes.Structure):
     )
 
 
-def _ignore_event(ctx: int | None, cpu: int, event: int | None) -> int:
-    # aperf never asks libbpf to consume (it reads the rings itself), so libbpf
-    # never calls this; perf_buffer__new_raw just needs a valid pointer.
-    return 0
+LIBBPF_PERF_EVENT_CONT = -2  # enum bpf_perf_event_ret: go on with the next record
 
 
-_unused_event_callback = c.PERF_EVENT_FN(_ignore_event)
+class _Collected(threading.local):
+    def __init__(self) -> None:
+        self.records: list[bytes] | None = None
+
+
+_collected = _Collected()
+
+
+def _collect_record(ctx: int | None, cpu: int, event: int | None) -> int:
+    """libbpf's raw event callback: copy the record (header and all) for the caller.
+
+    Called only inside ``perf_buffer__consume_buffer`` on this thread, which
+    reads the head with acquire and writes the tail with release semantics.
+    """
+    try:
+        records = _collected.records
+        if records is not None and event:
+            size = ctypes.c_uint16.from_address(event + 6).value  # perf_event_header.size
+            records.append(ctypes.string_at(event, size))
+    except BaseException as exc:  # parked, re-raised by the C call's errcheck
+        c.park_callback_error(exc)
+        return -1  # LIBBPF_PERF_EVENT_ERROR: stop
+    return LIBBPF_PERF_EVENT_CONT
+
+
+_record_callback = c.PERF_EVENT_FN(_collect_record)
 
 
 class RingMemory:
@@ -540,7 +563,7 @@ class PerfRings:
         opts.map_keys = keys
         self._pb = int(
             c.perf_buffer__new_raw(
-                map_fd, page_count, ctypes.byref(attr), _unused_event_callback, None,
+                map_fd, page_count, ctypes.byref(attr), _record_callback, None,
                 ctypes.byref(opts),
             )
         )
@@ -562,6 +585,19 @@ class PerfRings:
             rings.append(RingHandle(cpus[index], fd, RingMemory(base.value)))
         return rings
 
+    def consume_records(self, index: int) -> bytes:
+        """Every record of ring ``index``, copied by libbpf's own reader, which orders
+        its memory accesses for any architecture; the ring space is then released."""
+        if not self._pb:
+            raise ClosedResourceError("perf rings were freed")
+        records: list[bytes] = []
+        _collected.records = records
+        try:
+            c.perf_buffer__consume_buffer(self._pb, index)
+        finally:
+            _collected.records = None
+        return b"".join(records)
+
     def free(self) -> None:
         """Unmap the rings, close their fds and delete the map slots (idempotent)."""
         pb, self._pb = self._pb, 0
@@ -569,3 +605,14 @@ class PerfRings:
             for ring in getattr(self, "rings", ()):
                 ring.memory.release()
             c.perf_buffer__free(pb)
+
+    def forget_after_fork(self) -> None:
+        """In a child process: close this process's copies of the ring fds and nothing
+        else. The rings are not mapped here (perf mmaps are not inherited) and the map
+        slots are the parent's: perf_buffer__free would delete them under it."""
+        pb, self._pb = self._pb, 0
+        if pb:
+            for ring in getattr(self, "rings", ()):
+                ring.memory.release()
+                with contextlib.suppress(OSError):
+                    os.close(ring.fd)

@@ -283,6 +283,9 @@ perf_buffer__new_raw = ptr_fn(
 perf_buffer__free = plain_fn("perf_buffer__free", None, ctypes.c_void_p)
 perf_buffer__buffer_cnt = plain_fn("perf_buffer__buffer_cnt", ctypes.c_size_t, ctypes.c_void_p)
 perf_buffer__buffer_fd = int_fn("perf_buffer__buffer_fd", ctypes.c_void_p, ctypes.c_size_t)
+perf_buffer__consume_buffer = int_fn(
+    "perf_buffer__consume_buffer", ctypes.c_void_p, ctypes.c_size_t
+)
 perf_buffer__buffer = int_fn(
     "perf_buffer__buffer",
     ctypes.c_void_p,
