@@ -5,6 +5,7 @@ The public API is re-exported here; the modules behind it are private.
 
 from . import decoders as decoders
 from ._errors import AperfError as AperfError
+from ._errors import ArgumentError as ArgumentError
 from ._errors import BrokenRingError as BrokenRingError
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ClosedResourceError as ClosedResourceError
@@ -17,6 +18,7 @@ from ._errors import MissingPrivilegesError as MissingPrivilegesError
 from ._errors import ObjectError as ObjectError
 from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
+from ._errors import PinnedPathError as PinnedPathError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import UnknownNameError as UnknownNameError
 from ._errors import VerifierError as VerifierError
@@ -41,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_PAGES",
     "AperfError",
+    "ArgumentError",
     "BPFObject",
     "BadSample",
     "BrokenRingError",
@@ -61,6 +64,7 @@ __all__ = [
     "ObjectStateError",
     "PerfBuffer",
     "PerfStream",
+    "PinnedPathError",
     "Program",
     "RingSizeError",
     "Sample",
