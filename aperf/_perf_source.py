@@ -60,12 +60,14 @@ def online_cpus() -> list[int]:
 def _check_is_map(fd: int, name: str) -> lb.MapInfo:
     """The kernel's facts about the map behind ``fd``; MapTypeError if it is no BPF map."""
     try:
-        target = os.readlink(f"/proc/self/fd/{fd}")
+        os.fstat(fd)
     except OSError:
         raise ClosedResourceError(f"{name}: fd {fd} is not open") from None
-    if target != "anon_inode:bpf-map":
+    kind = lb.object_kind(fd)
+    if kind != "map":
+        what = f"a BPF {kind}" if kind else "not a BPF object"
         raise MapTypeError(
-            f"{name} is not a BPF map ({target}); aperf reads BPF_MAP_TYPE_PERF_EVENT_ARRAY maps"
+            f"{name} is not a BPF map ({what}); aperf reads BPF_MAP_TYPE_PERF_EVENT_ARRAY maps"
         )
     return lb.map_info(fd)
 
@@ -235,7 +237,7 @@ class PerfEventArraySource:
                 raise ClosedResourceError(f"map fd {source} is not open ({exc.strerror})") from None
         path = os.fspath(source)
         try:
-            return lb.pinned_object_fd(path)
+            return lb.pinned_object_fd(path, argument="source")
         except LibbpfError as exc:
             exc.detail = f"opening pinned map {path!r}"
             raise

@@ -227,9 +227,8 @@ bpf_map__name = plain_fn("bpf_map__name", ctypes.c_char_p, ctypes.c_void_p)
 bpf_map__fd = plain_fn("bpf_map__fd", ctypes.c_int, ctypes.c_void_p)
 bpf_map__type = plain_fn("bpf_map__type", ctypes.c_int, ctypes.c_void_p)
 bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.c_void_p)
+bpf_map__key_size = plain_fn("bpf_map__key_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
-bpf_map__pin = int_fn("bpf_map__pin", ctypes.c_void_p, ctypes.c_char_p)
-bpf_map__unpin = int_fn("bpf_map__unpin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__initial_value = plain_fn(
     "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
 )
@@ -243,6 +242,7 @@ bpf_map_lookup_elem = int_fn(
     "bpf_map_lookup_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 )
 bpf_obj_get = int_fn("bpf_obj_get", ctypes.c_char_p)
+bpf_obj_pin = int_fn("bpf_obj_pin", ctypes.c_int, ctypes.c_char_p)
 bpf_obj_get_info_by_fd = int_fn(
     "bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_void_p, c_uint32_p
 )
