@@ -102,20 +102,25 @@ class StreamStatistics:
 
     @property
     def samples(self) -> int:
+        """Samples taken out of the rings, all CPUs."""
         return sum(c.samples for c in self.cpus)
 
     @property
     def lost(self) -> int:
+        """Samples the kernel dropped, all CPUs."""
         return sum(c.lost for c in self.cpus)
 
     @property
     def bytes(self) -> int:
+        """Bytes taken out of the rings, all CPUs."""
         return sum(c.bytes for c in self.cpus)
 
     @property
     def wakeups(self) -> int:
+        """Kernel wakeups, all CPUs."""
         return sum(c.wakeups for c in self.cpus)
 
     @property
     def decode_errors(self) -> int:
+        """Samples the decoder refused, all CPUs."""
         return sum(c.decode_errors for c in self.cpus)

@@ -30,17 +30,21 @@ class FakeRingMemory:
         self.tail = 0
 
     def positions(self) -> tuple[int, int]:
+        """(head, tail): bytes ever written, and bytes ever released."""
         return self.head, self.tail
 
     def copy(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` of the data area."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise IndexError(f"{length} bytes at {offset} are outside a {self.size}-byte ring")
         return bytes(self.data[offset : offset + length])
 
     def set_tail(self, tail: int) -> None:
+        """Release everything below ``tail``."""
         self.tail = tail
 
     def free_bytes(self) -> int:
+        """Room left in the ring."""
         return self.size - (self.head - self.tail)
 
     def write(self, record: bytes) -> bool:
@@ -164,13 +168,16 @@ class FakeRingSource:
 
     @property
     def ring_bytes(self) -> int:
+        """Bytes of each ring (a stream's ``pages``/``ring_bytes`` override it at open)."""
         return self._ring_bytes
 
     @property
     def memory_bytes(self) -> int:
+        """Bytes of all rings."""
         return len(self.cpus) * self._ring_bytes
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
+        """Create the rings for a reader (the RingSource protocol; streams call it)."""
         with self._lock:
             if self._rings:
                 raise BusyResourceError(f"fake ring source {self.name!r} is already open")
@@ -189,6 +196,7 @@ class FakeRingSource:
             return list(rings.values())
 
     def acknowledge(self, handle: int) -> None:
+        """Clear a ring's readiness before it is read (the RingSource protocol)."""
         for ring in self._rings.values():
             if ring.handle == handle:
                 ring._ready.clear()
@@ -204,6 +212,7 @@ class FakeRingSource:
             ring._ready.close()
 
     def free(self) -> None:
+        """Close the rings' fds (the RingSource protocol; idempotent; write() then fails)."""
         with self._lock:
             rings, self._rings = self._rings, {}
             if rings:

@@ -138,6 +138,7 @@ class Map(_Part):
 
     @property
     def fd(self) -> int:
+        """The map's fd (valid from load until the object closes)."""
         fd = int(lb.bpf_map__fd(self._ptr))
         if fd < 0:
             raise ObjectStateError(f"map {self.name!r} has no fd before the object is loaded")
@@ -145,10 +146,12 @@ class Map(_Part):
 
     @property
     def max_entries(self) -> int:
+        """How many entries the map holds (for a perf event array: CPU slots)."""
         return int(lb.bpf_map__max_entries(self._ptr))
 
     @property
     def key_size(self) -> int:
+        """Bytes of one key (0 for queues and stacks)."""
         return int(lb.bpf_map__key_size(self._ptr))
 
     @property
@@ -163,6 +166,7 @@ class Map(_Part):
 
     @property
     def per_cpu(self) -> bool:
+        """Whether each value holds one slot per possible CPU (the per-CPU map types)."""
         return self.type in lb.PER_CPU_MAP_TYPES
 
     def _element(self) -> tuple[int, lb.MapLayout]:
@@ -213,6 +217,7 @@ class Map(_Part):
 
     @property
     def object(self) -> BPFObject:
+        """The BPF object the map belongs to."""
         return self._owner
 
     def __repr__(self) -> str:
@@ -238,9 +243,11 @@ class Link:
 
     @property
     def attached(self) -> bool:
+        """Whether the link still attaches its program (False once detached)."""
         return bool(self._ptr)
 
     def detach(self) -> None:
+        """Remove the attachment (idempotent)."""
         ptr, self._raw = self._raw, 0
         if ptr:
             self.program._links.remove(self)
@@ -279,6 +286,7 @@ class Program(_Part):
 
     @property
     def fd(self) -> int:
+        """The program's fd (valid from load until the object closes)."""
         fd = int(lb.bpf_program__fd(self._ptr))
         if fd < 0:
             raise ObjectStateError(f"program {self.name!r} has no fd before the object is loaded")
@@ -291,6 +299,7 @@ class Program(_Part):
 
     @property
     def links(self) -> tuple[Link, ...]:
+        """The attachments made through attach() and not yet detached."""
         self._check_open()
         return tuple(self._links)
 
@@ -384,10 +393,12 @@ class BPFObject:
 
     @property
     def closed(self) -> bool:
+        """Whether the object was closed (its maps, programs and links with it)."""
         return not self._handle.ptr
 
     @property
     def loaded(self) -> bool:
+        """Whether load() succeeded."""
         return self._loaded
 
     def _check_open(self) -> None:
@@ -402,10 +413,12 @@ class BPFObject:
 
     @property
     def maps(self) -> Mapping[str, Map]:
+        """The object's maps by name (a read-only Mapping; a miss raises UnknownNameError)."""
         return self._maps
 
     @property
     def programs(self) -> Mapping[str, Program]:
+        """The object's programs by name (a read-only Mapping)."""
         return self._programs
 
     # --- globals -------------------------------------------------------------------
@@ -518,6 +531,7 @@ class BPFObject:
             raise
 
     def detach(self) -> None:
+        """Remove every attachment of every program."""
         for program in self._programs.values():
             program.detach()
 

@@ -273,6 +273,7 @@ class PerfStream(Generic[T]):
 
     @property
     def closed(self) -> bool:
+        """Whether the stream was closed (its queued events stay readable)."""
         return self._closed
 
     # --- loop callbacks -----------------------------------------------------------------
@@ -440,4 +441,5 @@ class PerfStream(Generic[T]):
 
     @property
     def wakeup(self) -> Wakeup:
+        """The wakeup policy in force."""
         return self._options.wakeup

@@ -286,6 +286,7 @@ class PerfBuffer(Generic[T]):
 
     @property
     def closed(self) -> bool:
+        """Whether the buffer was closed."""
         return self._held is None
 
     def statistics(self) -> StreamStatistics:
@@ -298,6 +299,7 @@ class PerfBuffer(Generic[T]):
 
     @property
     def wakeup(self) -> Wakeup:
+        """The wakeup policy in force."""
         return self._wakeup
 
     def close(self) -> None:
