@@ -449,6 +449,34 @@ def test_sigterm_stops_it_while_stdout_pipe_is_full(tracefs: None, command: str)
     print(f"exited {elapsed:.3f} s after SIGTERM")  # seen with -s; no timed assertion
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_reader_going_away_ends_it_quietly(tracefs: None, loop: str) -> None:
+    # As `tracer | head -1`: the reader closes its end after the first line.
+    true = which("true")
+    proc = subprocess.Popen(
+        [sys.executable, *COMMANDS["tool"], "--loop", loop], cwd=REPO,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        assert proc.stdout.readline().rstrip("\n") == HEADER
+        proc.stdout.close()
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None:  # each exec makes a line the tracer fails to write
+            assert time.monotonic() < deadline, "still running after its reader went away"
+            subprocess.run([true], check=True)
+            time.sleep(0.05)
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == 0, stderr
+    assert stderr == ""  # no traceback, no warning about the closed pipe
+
+
 # --- stopping, losing, refusing -----------------------------------------------------------
 
 

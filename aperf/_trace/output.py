@@ -89,7 +89,9 @@ class LineOutput:
         self.broken = False
 
     @classmethod
-    async def open(cls, stream: IO[str] = sys.stdout) -> LineOutput:
+    async def open(cls, stream: IO[str] | None = None) -> LineOutput:
+        """Lines to ``stream`` (stdout by default)."""
+        stream = sys.stdout if stream is None else stream
         stream.flush()
         fd = stream.fileno()
         own = _reopen_nonblocking(fd)
