@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Union
 
 from ._errors import DecodeError
 
-T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
+
+# What the decoder returns; a bare Sample (or PerfStream) means Sample[Any].
+T = TypeVar("T", default=Any)
 
 if sys.version_info >= (3, 11) or TYPE_CHECKING:
 

@@ -12,10 +12,10 @@ import threading
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import Event, StreamStatistics
+from ._events import Event, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack, weak_callback
 from ._log import log
 from ._loops import LoopBinding, current_binding
@@ -23,7 +23,6 @@ from ._options import Wakeup
 from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
 from ._setup import ReaderOptions, SourceSpec
 
-T = TypeVar("T")
 Callback = Callable[[Any], Any]
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""

@@ -16,17 +16,15 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, overload
 
 from ._errors import AperfError, ClosedResourceError
-from ._events import BadSample, Lost, Sample, StreamStatistics
+from ._events import BadSample, Lost, Sample, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack
 from ._log import log
 from ._options import Wakeup
 from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
 from ._setup import ReaderOptions, SourceSpec
-
-T = TypeVar("T")
 
 
 class _Held:

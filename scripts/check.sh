@@ -20,7 +20,7 @@ if [ ! -x "$PYTHON" ]; then
 fi
 
 "$PYTHON" -m ruff check aperf tests examples bench scripts bpf
-"$PYTHON" -m mypy aperf
+"$PYTHON" -m mypy aperf tests/typecheck
 if ! "$PYTHON" scripts/apidoc.py --check; then
     echo "docs/api.md is out of date: run python scripts/apidoc.py" >&2
     exit 1

@@ -18,6 +18,7 @@ FLOORS = {
     "_setup": 5, "_loops": 5,
     "_stream": 6, "_sync": 6,
     "__init__": 7, "decoders": 7, "testing": 7,
+    "_trace": 8, "__main__": 8,  # tools built on the public API
 }
 BINDING_USERS = {"_object", "_btf", "_perf_source", "testing", "__init__"}  # __init__ re-exports
 
@@ -63,6 +64,8 @@ def imports() -> dict[str, set[str]]:
                 for name in names:
                     if name.startswith("aperf."):
                         deps.add(name.split(".")[1])
+                    elif name == "aperf":
+                        deps.add("__init__")
         deps.discard(unit)
     return graph
 
