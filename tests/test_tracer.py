@@ -34,7 +34,7 @@ EXIT_DETAIL = re.compile(r"\[(\d+)\](?: \((\d+)ms\))?")
 LOST = re.compile(r"^Lost (\d+) events on CPU #(\d+)!$", re.MULTILINE)
 JSON_KEYS = {
     "time", "event", "cpu", "pid", "ppid", "exit_code", "duration_ns", "comm", "filename",
-    "exit_event",
+    "exit_event", "timestamp_ns",
 }
 TIMEOUT = 10.0  # seconds to wait for an event: generous, CI is a noisy 2-core VM
 
