@@ -223,8 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, loop=args.loop, lifespan="on",
         log_config=None, log_level=args.log_level,
-        # The event streams' own grace period (settings.shutdown_timeout) ends first;
-        # this is uvicorn's backstop for any other response.
+        # sse-starlette ends the streams of clients that stopped reading after
+        # --shutdown-timeout (create_app); their sockets, which cannot drain, are
+        # dropped a second later, when uvicorn stops waiting for connections. Were
+        # uvicorn first, it would cancel those responses, and log tracebacks.
         timeout_graceful_shutdown=args.shutdown_timeout + 1,
     )
     server = Server(config, app.state.hub)

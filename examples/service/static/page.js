@@ -6,9 +6,11 @@
 
 const MAX_ROWS = 500;
 const HEALTH_PERIOD_MS = 1000;
+const HEALTH_AFTER_EVENTS_MS = 200;  // the service's counters soon after events came
 
 const $ = (id) => document.getElementById(id);
 const counts = { events: 0, lost: 0, missed: 0 };
+let healthSoon = null;
 
 function setText(id, value) {
   $(id).textContent = String(value);
@@ -57,10 +59,14 @@ function connect() {
   source.onerror = () => {
     setStatus(source.readyState === EventSource.CLOSED ? "closed" : "reconnecting");
   };
-  source.onmessage = (e) => addEvent(JSON.parse(e.data));
+  source.onmessage = (e) => {
+    addEvent(JSON.parse(e.data));
+    refreshHealthSoon();
+  };
   source.addEventListener("lost", (e) => {
     counts.lost += JSON.parse(e.data).count;
     setText("count-lost", counts.lost);
+    refreshHealthSoon();
   });
   source.addEventListener("missed", (e) => {
     const notice = JSON.parse(e.data);
@@ -68,6 +74,15 @@ function connect() {
     if (notice.missed !== null) counts.missed += notice.missed;
     setText("count-missed", counts.missed + (notice.missed === null ? "+" : ""));
   });
+}
+
+function refreshHealthSoon() {
+  if (healthSoon === null) {
+    healthSoon = setTimeout(() => {
+      healthSoon = null;
+      refreshHealth();
+    }, HEALTH_AFTER_EVENTS_MS);
+  }
 }
 
 async function refreshHealth() {
