@@ -18,6 +18,7 @@ layout, bottom up (nothing imports upward):
 
 from . import decoders as decoders
 from ._errors import AperfError as AperfError
+from ._errors import ArgumentError as ArgumentError
 from ._errors import BrokenRingError as BrokenRingError
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ClosedResourceError as ClosedResourceError
@@ -30,6 +31,7 @@ from ._errors import MissingPrivilegesError as MissingPrivilegesError
 from ._errors import ObjectError as ObjectError
 from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
+from ._errors import PinnedPathError as PinnedPathError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import UnknownNameError as UnknownNameError
 from ._errors import VerifierError as VerifierError
@@ -58,6 +60,7 @@ __all__ = [
     "DEFAULT_PAGES",
     "NO_CPU",
     "AperfError",
+    "ArgumentError",
     "BPFObject",
     "BadSample",
     "BrokenRingError",
@@ -79,6 +82,7 @@ __all__ = [
     "ObjectStateError",
     "PerfBuffer",
     "PerfStream",
+    "PinnedPathError",
     "Program",
     "RingBufferSource",
     "RingSizeError",

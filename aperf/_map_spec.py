@@ -51,7 +51,7 @@ def open_map_fd(source: MapSource) -> int:
             raise ClosedResourceError(f"map fd {source} is not open ({exc.strerror})") from None
     path = os.fspath(source)
     try:
-        return lb.pinned_object_fd(path)
+        return lb.pinned_object_fd(path, argument="source")
     except LibbpfError as exc:
         exc.detail = f"opening pinned map {path!r}"
         raise
@@ -60,11 +60,13 @@ def open_map_fd(source: MapSource) -> int:
 def map_facts(fd: int, name: str) -> lb.MapInfo:
     """The kernel's facts about the map behind ``fd``; MapTypeError if it is no BPF map."""
     try:
-        target = os.readlink(f"/proc/self/fd/{fd}")
+        os.fstat(fd)
     except OSError:
         raise ClosedResourceError(f"{name}: fd {fd} is not open") from None
-    if target != "anon_inode:bpf-map":
-        raise MapTypeError(f"{name} is not a BPF map ({target}); aperf reads {READABLE_TYPES} maps")
+    kind = lb.object_kind(fd)
+    if kind != "map":
+        what = f"a BPF {kind}" if kind else "not a BPF object"
+        raise MapTypeError(f"{name} is not a BPF map ({what}); aperf reads {READABLE_TYPES} maps")
     return lb.map_info(fd)
 
 
@@ -110,6 +112,7 @@ class MapClaim:
             self.map_id = map_id
 
     def release(self) -> None:
+        """Also in a forked child: its copy of the registry lists the parent's claims."""
         if self.map_id:
             with _claims_lock:
                 _claims.pop(self.map_id, None)

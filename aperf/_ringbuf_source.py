@@ -155,3 +155,9 @@ class RingBufferSource:
                 if fd >= 0:
                     os.close(fd)
             self._claim.release()
+
+    def after_fork(self) -> None:
+        """In a child process: drop the child's views, mappings and fds. Nothing of the
+        parent's is touched: unmapping and closing act on the child's copies only, and
+        the consumer position is never written."""
+        self.free()

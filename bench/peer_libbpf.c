@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-/* The native peer of aperf's benchmark: a libbpf perf_buffer consumer in C.
+/* The native peer of aperf's benchmark: a libbpf perf_buffer or ring_buffer consumer in C.
  *
  * Built and run by bench/run.py (gcc -O2 ... -lbpf); it is the ceiling the
  * Python consumers are measured against.
  *
  *   peer_libbpf MAP_PATH PAGES WAKEUP DRAIN_MS LAT_EVERY LAT_PATH
  *
- *   MAP_PATH   a perf event array pinned in bpffs (bpf_obj_get)
- *   PAGES      data pages per CPU ring
+ *   MAP_PATH   a perf event array or a BPF ring buffer pinned in bpffs (bpf_obj_get)
+ *   PAGES      data pages per CPU ring (ignored for a ring buffer: its map has a size)
  *   WAKEUP     "default": perf_buffer__new, libbpf's wakeup per sample;
  *              "events:N" or "watermark:BYTES": perf_buffer__new_raw with that
- *              perf_event_attr, as aperf sets it
+ *              perf_event_attr, as aperf sets it;
+ *              "ringbuf": ring_buffer__new + ring_buffer__poll on a BPF ring buffer
+ *              (wakeups are the producer's: the kernel's default when the reader
+ *              has caught up)
  *   DRAIN_MS   with batched wakeups, consume every ring at least this often, so
  *              that samples below the threshold do not wait for ever (0: never)
  *   LAT_EVERY  take the latency of every LAT_EVERY-th sample (ktime at byte 8)
@@ -149,6 +152,31 @@ static enum bpf_perf_event_ret on_raw_event(void *ctx, int cpu, struct perf_even
 	return LIBBPF_PERF_EVENT_CONT;
 }
 
+static int on_ringbuf_sample(void *ctx, void *data, size_t size)
+{
+	got_sample(ctx, data, (__u32)size);
+	return 0;
+}
+
+/* libbpf's two consumers behind one poll/consume pair. */
+struct rings {
+	struct perf_buffer *pb;
+	struct ring_buffer *rb;
+};
+
+static int rings_poll(struct rings *r, int timeout_ms)
+{
+	return r->rb ? ring_buffer__poll(r->rb, timeout_ms) : perf_buffer__poll(r->pb, timeout_ms);
+}
+
+static void rings_consume(struct rings *r)
+{
+	if (r->rb)
+		ring_buffer__consume(r->rb);
+	else
+		perf_buffer__consume(r->pb);
+}
+
 static struct perf_buffer *open_rings(int map_fd, size_t pages, const char *wakeup,
 				      struct consumer *c)
 {
@@ -182,7 +210,7 @@ int main(int argc, char **argv)
 	struct consumer c = {0};
 	struct sigaction sa;
 	struct rusage ready, end;
-	struct perf_buffer *pb;
+	struct rings rings = {0};
 	uint64_t drain_ns, next_drain, now;
 	FILE *out;
 	int map_fd, err = 0;
@@ -207,9 +235,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "peer_libbpf: bpf_obj_get(%s): %s\n", argv[1], strerror(errno));
 		return 1;
 	}
-	pb = open_rings(map_fd, strtoul(argv[2], NULL, 10), argv[3], &c);
-	if (!pb) {
-		fprintf(stderr, "peer_libbpf: perf_buffer__new: %s\n", strerror(errno));
+	if (strcmp(argv[3], "ringbuf") == 0)
+		rings.rb = ring_buffer__new(map_fd, on_ringbuf_sample, &c, NULL);
+	else
+		rings.pb = open_rings(map_fd, strtoul(argv[2], NULL, 10), argv[3], &c);
+	if (!rings.pb && !rings.rb) {
+		fprintf(stderr, "peer_libbpf: %s: %s\n",
+			strcmp(argv[3], "ringbuf") ? "perf_buffer__new" : "ring_buffer__new",
+			strerror(errno));
 		return 1;
 	}
 	getrusage(RUSAGE_SELF, &ready);
@@ -224,21 +257,21 @@ int main(int argc, char **argv)
 			now = now_ns();
 			timeout = now >= next_drain ? 0 : (int)((next_drain - now + 999999) / 1000000);
 		}
-		err = perf_buffer__poll(pb, timeout);
+		err = rings_poll(&rings, timeout);
 		if (err < 0 && err != -EINTR) {
-			fprintf(stderr, "peer_libbpf: perf_buffer__poll: %s\n", strerror(-err));
+			fprintf(stderr, "peer_libbpf: poll: %s\n", strerror(-err));
 			break;
 		}
 		err = 0;
 		if (drain_ns) {
 			now = now_ns();
 			if (now >= next_drain) {
-				perf_buffer__consume(pb);	/* what sits below the threshold */
+				rings_consume(&rings);	/* what sits below the threshold */
 				next_drain = now + drain_ns;
 			}
 		}
 	}
-	perf_buffer__consume(pb);
+	rings_consume(&rings);
 	getrusage(RUSAGE_SELF, &end);
 
 	out = fopen(argv[6], "wb");
@@ -253,7 +286,8 @@ int main(int argc, char **argv)
 	       seconds(end.ru_stime) - seconds(ready.ru_stime), peak_rss_kb(),
 	       (unsigned long long)c.t_last, c.nlat);
 	fflush(stdout);
-	perf_buffer__free(pb);
+	perf_buffer__free(rings.pb);
+	ring_buffer__free(rings.rb);
 	free(c.lat);
 	return err ? 1 : 0;
 }

@@ -207,7 +207,7 @@ def keeps_up(e: dict[str, Any]) -> bool:
 
 
 class Goals:
-    """Goal verdicts of issues 3, 5 and 6, with the figures behind them."""
+    """Goal verdicts of issues 3, 5 and 6, with the figures behind them; issue 12's figures."""
 
     def __init__(self, r: Results) -> None:
         self.r = r
@@ -235,7 +235,45 @@ class Goals:
         """(issue heading, [(goal, verdict with figures)])."""
         return [("Issue 3: streams", self.streams()),
                 ("Issue 5: decoding", self.decoding()),
-                ("Issue 6: overhead, latency, throughput, memory", self.overhead())]
+                ("Issue 6: overhead, latency, throughput, memory", self.overhead()),
+                ("Issue 12: trio, and BPF ring buffers", self.trio_and_ringbuf())]
+
+    def side_by_side(self, names: list[str], peer: str, key: str) -> str:
+        """``key`` of each of ``names`` over ``peer``'s, as ratios."""
+        texts = []
+        for name in names:
+            x = self.ratio(name, peer, key)
+            if x is not None:
+                texts.append(f"`{name.split('/', 1)[1]}` {x:.2f}x")
+        return ", ".join(texts) or "(not measured)"
+
+    def trio_and_ringbuf(self) -> list[tuple[str, str]]:
+        cpu, loops = "cpu_us_per_sample", ("asyncio", "uvloop", "trio")
+        flat = [f"flat32/aperf.aiter.raw@{loop}" for loop in loops]
+        flat += ["flat32/aperf.batches.raw@trio", "flat32/aperf.callback.raw@trio"]
+        paced = [f"paced2.5M/aperf.aiter.{d}@{loop}" for d in ("raw", "btf") for loop in loops]
+        lat = [f"paced{r}/aperf.aiter.raw{w}@{loop}" for r in ("1k", "100k")
+               for w in ("", ".lowest-latency") for loop in ("asyncio", "trio")]
+        rb_flat = [f"ringbuf32/{c}" for c in (
+            "aperf.aiter.raw@asyncio", "aperf.aiter.raw@trio", "aperf.batches.raw@asyncio",
+            "aperf.batches.raw@trio", "aperf.callback.raw@asyncio", "aperf.sync.raw",
+            "aperf.aiter.raw.lowest-latency@asyncio", "libbpf.ringbuf")]
+        rb_paced = [n.replace("ringbuf32/", "ringbuf-paced100k/") for n in rb_flat]
+        return [
+            ("trio against asyncio, CPU per sample side by side (figures, no target)",
+             f"{self.lines(flat + paced)}. trio / asyncio CPU per sample: flat out "
+             f"{self.side_by_side([flat[2]], flat[0], cpu)}; paced 2.5 M/s "
+             f"{self.side_by_side([paced[2]], paced[0], cpu)}, BTF "
+             f"{self.side_by_side([paced[5]], paced[3], cpu)}."),
+            ("trio latency (figures, no target)", self.lines(lat, latency=True) + "."),
+            ("BPF ring buffer flat out against libbpf C's `ring_buffer__poll` (figures)",
+             f"{self.lines(rb_flat)}. Delivered over libbpf's: "
+             f"{self.side_by_side(rb_flat[:-1], rb_flat[-1], 'delivered_rate')}."),
+            ("BPF ring buffer paced at 100 k/s (figures)",
+             f"{self.lines(rb_paced)}; latency: {self.lines(rb_paced, latency=True)}. "
+             f"CPU per sample over libbpf's: "
+             f"{self.side_by_side(rb_paced[:-1], rb_paced[-1], cpu)}."),
+        ]
 
     def streams(self) -> list[tuple[str, str]]:
         flat, paced = "flat32/aperf.aiter.raw@asyncio", "paced2.5M/aperf.aiter.raw@asyncio"
@@ -376,6 +414,16 @@ getpid-py aperf.aiter.raw@asyncio                bcc.count.w1      workload_rate
 getpid-py aperf.aiter.btf@asyncio                bcc.event.w1      workload_rate
 getpid-c  aperf.aiter.btf@asyncio                bcc.event.w1      workload_rate
 idle      aperf.aiter.raw@asyncio                libbpf.watermark  cpu_pct
+flat32 aperf.aiter.raw@trio aperf.aiter.raw@asyncio delivered_rate cpu_us_per_sample
+paced2.5M aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_us_per_sample
+paced2.5M aperf.aiter.btf@trio aperf.aiter.btf@asyncio cpu_us_per_sample
+paced100k aperf.aiter.raw@trio aperf.aiter.raw@asyncio lat_p99_us cpu_us_per_sample
+idle aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_pct
+ringbuf32 aperf.aiter.raw@asyncio libbpf.ringbuf delivered_rate cpu_us_per_sample
+ringbuf32 aperf.batches.raw@asyncio libbpf.ringbuf delivered_rate cpu_us_per_sample
+ringbuf-paced100k aperf.aiter.raw.lowest-latency@asyncio libbpf.ringbuf lat_p99_us cpu_us_per_sample
+ringbuf-paced100k aperf.aiter.raw@asyncio libbpf.ringbuf lat_p99_us cpu_us_per_sample
+ringbuf-paced100k aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_us_per_sample
 """
 
 RATIO_FIGURES: dict[str, tuple[str, Callable[[float], str]]] = {
@@ -477,6 +525,9 @@ GROUP_TITLES = {
     "getpid-c": "Real workload: getpid(2) loop in C, traced by a tracepoint program",
     "memory": "Memory: 1 M samples/s offered to a slower consumer",
     "idle": "Idle: no samples at all (what an open stream costs while nothing happens)",
+    "ringbuf32": "BPF ring buffer (2 x 128 pages, one ring), deterministic producer flat out, 32 B",
+    "ringbuf-paced100k": "BPF ring buffer, paced at 100 k samples/s, 32 B (latency of every "
+                         "sample)",
 }
 
 
@@ -498,7 +549,8 @@ def generated(entries: list[dict[str, Any]], machine: dict[str, Any], notes: lis
         "|---|---|",
         f"| kernel | `{machine['uname']}` |",
         f"| CPU | {machine['cpu_model']}, {machine['nproc']} vCPUs |",
-        f"| Python | {machine['python']}, uvloop {machine['uvloop']} |",
+        f"| Python | {machine['python']}, uvloop {machine['uvloop']}, "
+        f"trio {machine.get('trio', '-')}, anyio {machine.get('anyio', '-')} |",
         f"| libbpf | {'.'.join(map(str, machine['libbpf']))} |",
         f"| BCC | {machine['bcc'] or 'not available: ' + str(bcc_reason)} |",
         f"| C compiler | {machine['gcc']} |",

@@ -296,7 +296,9 @@ def pinned(m: aperf.Map) -> Iterator[str]:
 
 
 def run_deterministic(env: Environment, sc: Scenario, tmp: Path) -> dict[str, Any]:
-    with Producer() as p, pinned(p.map) as map_path:
+    ring = sc.producer.get("ring", "perf")
+    with Producer(ring=ring, ringbuf_bytes=sc.producer.get("ringbuf_bytes")) as p, \
+            pinned(p.map) as map_path:
         consumer = Consumer(env, sc, map_path, tmp)
         with consumer.running():
             before = p.counters()
@@ -370,6 +372,9 @@ def machine_facts(env: Environment) -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout
+    import importlib.metadata
+
+    import trio
     import uvloop
 
     return {
@@ -378,6 +383,8 @@ def machine_facts(env: Environment) -> dict[str, Any]:
         "nproc": os.cpu_count(),
         "python": platform.python_version(),
         "uvloop": uvloop.__version__,
+        "trio": trio.__version__,
+        "anyio": importlib.metadata.version("anyio"),
         "libbpf": aperf.libbpf_version(),
         "bcc": env.bcc_version or None,
         "gcc": gcc.splitlines()[0] if gcc else "",

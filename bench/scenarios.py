@@ -36,6 +36,8 @@ class Scenario:
                 key += f".{c['wakeup']}"
             return key + f"@{c.get('loop', 'asyncio')}" if c["mode"] != "sync" else key
         if c["impl"] == "libbpf":
+            if c["wakeup"] == "ringbuf":
+                return "libbpf.ringbuf"
             return f"libbpf.{'per-sample' if c['wakeup'] == 'default' else 'watermark'}"
         if c["impl"] == "bcc":
             return f"bcc.{c['mode']}.w{c['wakeup']}" if c["mode"] != "attach-only" else "bcc.none"
@@ -76,6 +78,8 @@ def consumer_label(c: dict[str, Any]) -> str:
         wakeup = c.get("wakeup") or "default"
         return text + f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
     if impl == "libbpf":
+        if c["wakeup"] == "ringbuf":
+            return "libbpf C ring_buffer__poll on the BPF ring buffer (producer's wakeups)"
         if c["wakeup"] == "default":
             return "libbpf C perf_buffer__poll, wakeup per sample"
         return f"libbpf C perf_buffer__poll, {c['wakeup']} + {DRAIN_MS} ms drain"
@@ -109,6 +113,10 @@ LIBBPF_MATCHED = {
 }
 
 
+LIBBPF_RINGBUF = {"impl": "libbpf", "wakeup": "ringbuf", "pages": 0, "drain_ms": 0}
+RINGBUF_BYTES = 2 * PEER_PAGES * 4096  # as much memory as the perf rows' two 512 KiB rings
+
+
 def bcc(mode: str, wakeup: int = 1) -> dict[str, Any]:
     return {"impl": "bcc", "mode": mode, "wakeup": wakeup, "pages": PEER_PAGES,
             "drain_ms": DRAIN_MS}
@@ -130,13 +138,16 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         consumers = [
             aperf("aiter"),
             aperf("aiter", loop="uvloop"),
+            aperf("aiter", loop="trio"),
             aperf("aiter", "struct"),
             aperf("aiter", "btf"),
             aperf("aiter", "btf", loop="uvloop"),
             aperf("batches"),
             aperf("batches", "btf"),
             aperf("batches", "btf", max_items=256),
+            aperf("batches", loop="trio"),
             aperf("callback"),
+            aperf("callback", loop="trio"),
             aperf("on_batch"),
             aperf("on_batch", "btf"),
             aperf("sync"),
@@ -148,6 +159,8 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         if quick and size == 256:
             consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
                          aperf("callback"), aperf("sync"), LIBBPF_MATCHED]
+        if size == 256:
+            consumers = [c for c in consumers if c.get("loop") != "trio"]
         # A wakeup per sample holds the producer near 110 k/s: fewer samples for those.
         slow = dict(producer, count=150_000 if quick else 300_000)
         out += [Scenario(group, c, slow if per_sample(c) else producer) for c in consumers]
@@ -155,8 +168,9 @@ def all_scenarios(quick: bool) -> list[Scenario]:
     # 2. Paced at 2.5 M/s: the rate issues 3 and 5 name, below the producer's peak.
     producer = {"kind": "paced", "rate": 2_500_000, "seconds": 1.0 if quick else 2.0,
                 "size": 32, "period": 0.001}
-    consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", "btf"),
-                 aperf("aiter", "btf", loop="uvloop"), aperf("batches", "btf"),
+    consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", loop="trio"),
+                 aperf("aiter", "btf"), aperf("aiter", "btf", loop="uvloop"),
+                 aperf("aiter", "btf", loop="trio"), aperf("batches", "btf"),
                  aperf("batches", "btf", max_items=256), LIBBPF_MATCHED]
     out += [Scenario("paced2.5M", c, producer) for c in consumers]
 
@@ -168,20 +182,39 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         consumers = [
             aperf("aiter"),
             aperf("aiter", loop="uvloop"),
+            aperf("aiter", loop="trio"),
             aperf("aiter", "btf"),
             aperf("callback"),
             aperf("sync"),
             aperf("aiter", wakeup="lowest-latency"),
             aperf("aiter", wakeup="lowest-latency", loop="uvloop"),
+            aperf("aiter", wakeup="lowest-latency", loop="trio"),
             aperf("aiter", wakeup="throughput"),
             LIBBPF_PER_SAMPLE,
             LIBBPF_MATCHED,
         ]
         if quick:
-            consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", "btf"),
+            consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"),
+                         aperf("aiter", loop="trio"), aperf("aiter", "btf"),
                          aperf("aiter", wakeup="lowest-latency"), LIBBPF_PER_SAMPLE,
                          LIBBPF_MATCHED]
         out += [Scenario(group, c, producer, extra={"lat_every": 1}) for c in consumers]
+
+    # 3b. The same producer into its BPF ring buffer (issue 12): flat out and paced, aperf's
+    # consumers on asyncio and trio against libbpf's ring_buffer__poll. One ring for both CPUs.
+    ringbuf = [aperf("aiter"), aperf("aiter", loop="trio"), aperf("batches"),
+               aperf("batches", loop="trio"), aperf("callback"), aperf("sync"),
+               aperf("aiter", wakeup="lowest-latency"), LIBBPF_RINGBUF]
+    if quick:
+        ringbuf = [aperf("aiter"), aperf("aiter", loop="trio"), aperf("batches"),
+                   aperf("aiter", wakeup="lowest-latency"), LIBBPF_RINGBUF]
+    rb = {"ring": "ringbuf", "ringbuf_bytes": RINGBUF_BYTES}
+    out += [Scenario("ringbuf32", c, {"kind": "burst", "count": 2_000_000 if quick else 8_000_000,
+                                      "size": 32, **rb}) for c in ringbuf]
+    out += [Scenario("ringbuf-paced100k", c,
+                     {"kind": "paced", "rate": 100_000, "seconds": 1.0 if quick else 3.0,
+                      "size": 32, "period": 0.001, **rb}, extra={"lat_every": 1})
+            for c in ringbuf]
 
     # 4. A real workload: getpid() traced by a tracepoint program (issue 6: its slowdown).
     seconds = 1.0 if quick else 2.0
@@ -229,11 +262,14 @@ def all_scenarios(quick: bool) -> list[Scenario]:
     # The default timer stretches its period to idle_latency after 1 s with nothing found;
     # "strict" keeps the 1 ms period (Wakeup.balanced(idle_latency=0.001)).
     producer = {"kind": "idle", "seconds": 3.0 if quick else 10.0}
-    consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"),
-                 aperf("aiter", wakeup="lowest-latency"), aperf("aiter", wakeup="strict"),
+    consumers = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", loop="trio"),
+                 aperf("aiter", wakeup="lowest-latency"),
+                 aperf("aiter", wakeup="lowest-latency", loop="trio"),
+                 aperf("aiter", wakeup="strict"),
                  aperf("aiter", wakeup="throughput"), LIBBPF_MATCHED, LIBBPF_PER_SAMPLE]
     if quick:
-        consumers = [aperf("aiter"), aperf("aiter", wakeup="lowest-latency"),
+        consumers = [aperf("aiter"), aperf("aiter", loop="trio"),
+                     aperf("aiter", wakeup="lowest-latency"),
                      aperf("aiter", wakeup="strict"), LIBBPF_MATCHED]
     out += [Scenario("idle", c, producer) for c in consumers]
 

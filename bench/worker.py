@@ -3,11 +3,13 @@
 usage: python bench/worker.py SPEC_JSON
 
 SPEC_JSON fields:
-  map        path of the pinned perf event array to read
+  map        path of the pinned map to read (a perf event array or a BPF ring buffer:
+             aperf tells them apart by the map's type)
   mode       "aiter" (async for), "batches" (stream.batches()), "callback" (on_sample +
              run()), "on_batch" (on_batch + run()), "sync" (PerfBuffer.poll), "slow"
              (async for that sleeps 1 ms at every timed sample, for the memory scenario)
-  loop       "asyncio" or "uvloop"
+  loop       "asyncio", "uvloop" or "trio" (all three through anyio.run; the consumer
+             code is the same, aperf picks its loop binding)
   decoder    null (raw bytes), "btf" (from_btf on bench_getpid.bpf.o), "struct"
   size       sample size in bytes (32 or 256): picks the decoded type
   max_items  batches(max_items=...), absent for aperf's default
@@ -19,16 +21,15 @@ SPEC_JSON fields:
   lat_path   where to write those latencies (array('q'), native endian)
   btf_object path of bench_getpid.bpf.o
 
-Protocol: that of bench/common.py; on SIGUSR1 the stream is closed, which hands
-over what the rings still hold. The per-sample work is the same in every mode:
-count it, and for every lat_every-th sample read its timestamp (the raw bytes at
+Protocol: that of bench/common.py; on SIGUSR1 (anyio's signal receiver) the stream
+is closed, which hands over what the rings still hold. The per-sample work is the
+same in every mode: count it, and for every lat_every-th sample read its timestamp (the raw bytes at
 offset 8, or the decoded ``ts`` field) against ``time.monotonic_ns()``, which reads
 the clock bpf_ktime_get_ns() reads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import struct
 import threading
@@ -36,6 +37,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+from anyio.abc import TaskStatus
 from common import Tally, rss_kb, start
 
 import aperf
@@ -45,6 +48,11 @@ _TS = struct.Struct("<8xQ")
 STRUCT_FORMATS = {32: "<QQQQ", 256: "<QQII16s200sQQ"}
 BTF_TYPES = {32: "bench_sample32", 256: "bench_sample256"}
 SLOW_PAUSE = 0.001  # the "slow" consumer's sleep at every timed sample
+LOOPS: dict[str, tuple[str, dict[str, Any]]] = {
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),
+    "trio": ("trio", {}),
+}
 
 
 def make_decoder(spec: dict[str, Any]) -> Any:
@@ -97,7 +105,7 @@ async def consume_aiter(stream: aperf.PerfStream, t: Tally, ts_of: Callable[[Any
                     last = mono()
                     lat.append(last - ts_of(ev))
                     if pause:
-                        await asyncio.sleep(pause)
+                        await anyio.sleep(pause)
             else:
                 lost += ev.count
     finally:
@@ -143,7 +151,7 @@ def sample_callbacks(t: Tally, ts_of: Callable[[Any], int]) -> dict[str, Any]:
 async def sample_rss(series: list[tuple[float, int]], start: float) -> None:
     while True:
         series.append((round(time.monotonic() - start, 3), rss_kb()))
-        await asyncio.sleep(1.0)
+        await anyio.sleep(1.0)
 
 
 def ring_options(spec: dict[str, Any]) -> dict[str, Any]:
@@ -163,17 +171,19 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         callbacks = {"on_batch": batch_counter(t, ts_of)}
     stream = aperf.PerfStream(spec["map"], **ring_options(spec), **callbacks)
     stats: list[aperf.StreamStatistics] = []
-    async with stream:
-        closing: list[asyncio.Task[None]] = []
 
-        def finish() -> None:
-            stats.append(stream.statistics())  # before close: counters of the open stream
-            closing.append(asyncio.ensure_future(stream.aclose()))
+    async def finish_on_signal(*, task_status: TaskStatus[None]) -> None:
+        with anyio.open_signal_receiver(signal.SIGUSR1) as signals:
+            task_status.started()
+            async for _ in signals:
+                stats.append(stream.statistics())  # before close: counters of the open stream
+                await stream.aclose()
+                return
 
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, finish)
-        rss_task = None
+    async with stream, anyio.create_task_group() as tg:
+        await tg.start(finish_on_signal)
         if mode == "slow":
-            rss_task = asyncio.ensure_future(sample_rss(rss, time.monotonic()))
+            tg.start_soon(sample_rss, rss, time.monotonic())
         t.ready()
         if mode in ("aiter", "slow"):
             await consume_aiter(stream, t, ts_of, SLOW_PAUSE if mode == "slow" else 0.0)
@@ -186,9 +196,7 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
             await stream.run()
         else:
             raise ValueError(f"unknown mode {mode!r}")
-        if rss_task is not None:
-            rss_task.cancel()
-        await asyncio.gather(*closing)
+        tg.cancel_scope.cancel()  # the RSS sampler; the signal task has returned
     return stats[0]
 
 
@@ -210,12 +218,9 @@ def main() -> None:
     rss: list[tuple[float, int]] = []
     if spec["mode"] == "sync":
         stats = run_sync(spec, t)
-    elif spec["loop"] == "uvloop":
-        import uvloop
-
-        stats = uvloop.run(run_async(spec, t, rss))
     else:
-        stats = asyncio.run(run_async(spec, t, rss))
+        backend, options = LOOPS[spec["loop"]]
+        stats = anyio.run(run_async, spec, t, rss, backend=backend, backend_options=options)
     t.report(spec["lat_path"], wakeups=stats.wakeups, ring_bytes=stats.ring_bytes,
              memory_bytes=stats.memory_bytes, drain_period=stats.drain_period,
              rss_series=rss)

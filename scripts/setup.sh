@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Prepare this machine for aperf (idempotent; run as root):
-#   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc
+#   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc,
+#     chromium + chromium-driver (the service page's browser test)
 #   - Python packages, in .venv: aperf itself (editable) with its test and service extras
 #   - tracefs and bpffs mounted
 #   - the BPF objects built (bpf/*.bpf.o, and the shipped ones in aperf/_objects/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(clang llvm libbpf-dev libbpf1 bpftool make gcc)
+APT_PACKAGES=(clang llvm libbpf-dev libbpf1 bpftool make gcc chromium chromium-driver)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "aperf setup: run as root (BPF needs it, and so do apt-get and mount)" >&2
@@ -30,7 +31,15 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "${BASE_PYTHON:-python3}" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
+# pip takes about 3 s even when nothing changed: skip it while what it installs from
+# (pyproject.toml, this script, the interpreter) is as at the last install, so that
+# scripts/tracer.sh starts at once. APERF_SETUP_FORCE=1 installs anyway.
+STAMP=.venv/.aperf-setup-stamp
+inputs=$( { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
+if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inputs" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
+    echo "$inputs" > "$STAMP"
+fi
 
 if [ ! -d /sys/kernel/tracing/events ]; then
     mount -t tracefs tracefs /sys/kernel/tracing
