@@ -18,13 +18,13 @@ from typing import Protocol
 import sniffio
 
 from ._errors import AperfError, BusyResourceError
-from ._source import HandleKind
-
-OnHandle = Callable[[int], None]
-"""A function of a readiness handle: the driver's ``on_ready``, a source's ``acknowledge``."""
+from ._source import HandleKind, OnHandle
 
 
 class LoopBinding(Protocol):
+    warns_on_unfinished_generators: bool
+    """Whether the loop warns when an async generator is collected unfinished (trio)."""
+
     def time(self) -> float:
         """The loop's clock (the reader's deadlines are on it)."""
         ...
@@ -75,6 +75,8 @@ class LoopBinding(Protocol):
 
 class AsyncioBinding:
     """asyncio and uvloop: ``add_reader`` per fd, ``call_at`` for the drain timer."""
+
+    warns_on_unfinished_generators = False
 
     def __init__(self, loop: asyncio.AbstractEventLoop, kind: HandleKind) -> None:
         if kind != "fd":

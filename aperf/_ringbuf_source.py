@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import platform
 import select
 from collections.abc import Callable, Sequence
 
 from . import _map_spec as maps
-from ._errors import BusyResourceError, RingSizeError
+from ._errors import AperfError, BusyResourceError, RingSizeError
 from ._options import PAGE_SIZE
+from ._perf_source import RING_ACCESS_ENV, ring_access
 from ._ringbuf_format import RINGBUF_RECORDS, RingBufferRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
@@ -77,6 +79,7 @@ class RingBufferSource:
 
     @property
     def ring_bytes(self) -> int:
+        """The ring's data bytes: the map's ``max_entries`` (0 until open)."""
         return self._size
 
     @property
@@ -85,6 +88,7 @@ class RingBufferSource:
         return self._size + 2 * PAGE_SIZE if self._size else 0
 
     def open(self, config: RingConfig) -> Sequence[RingBufferRing]:
+        """Map the ring and make its readiness handle; all or nothing (the driver calls it)."""
         if self._ring is not None:
             raise BusyResourceError(f"ring buffer {self.name} is already open")
         try:
@@ -94,6 +98,13 @@ class RingBufferSource:
             raise
 
     def _open(self, config: RingConfig) -> RingBufferRing:
+        if ring_access() != "direct":
+            raise AperfError(
+                f"ring buffer {self.name}: aperf reads BPF ring buffers straight from their "
+                "memory, which is correct only on x86-64 (TSO), and has no libbpf read path "
+                f"for them yet ({RING_ACCESS_ENV}={os.environ.get(RING_ACCESS_ENV, '')!r}, "
+                f"machine {platform.machine()})"
+            )
         self._map_fd = maps.open_map_fd(self._spec)
         facts = maps.map_facts(self._map_fd, f"map {self.name}")
         maps.require_type(facts, self.name, maps.BPF_MAP_TYPE_RINGBUF, "a ring buffer")

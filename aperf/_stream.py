@@ -367,7 +367,12 @@ class PerfStream(Generic[T]):
         await self._loop.wait()
 
     def __aiter__(self) -> AsyncIterator[Event[T]]:
-        # An async generator costs less per item than a coroutine per __anext__.
+        # An async generator costs less per item than a coroutine per __anext__. But
+        # trio warns (ResourceWarning) whenever one is collected unfinished, as after a
+        # break out of ``async for``: there, an iterator object serves.
+        loop = self._loop
+        if loop is not None and loop.warns_on_unfinished_generators:
+            return _Events(self, self._require_open())
         return self._events()
 
     async def __anext__(self) -> Event[T]:
@@ -401,19 +406,12 @@ class PerfStream(Generic[T]):
             else:
                 await self._wait()
 
-    async def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Event[T]]]:
-        """Yield lists of up to ``max_items`` events, in stream order, without a per-item await."""
+    def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Event[T]]]:
+        """Lists of up to ``max_items`` events, in stream order, without a per-item await:
+        ``async for batch in stream.batches(): ...``."""
         if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
             raise ValueError(f"max_items must be an int of at least 1, not {max_items!r}")
-        reader = self._require_open()
-        while True:
-            batch = self._take(reader, max_items)
-            if batch:
-                yield batch
-            elif self._closed:
-                return
-            else:
-                await self._wait()
+        return _Batches(self, self._require_open(), max_items)
 
     async def run(self) -> None:
         """Callback mode: hand every event to the callbacks until the stream closes.
@@ -454,3 +452,59 @@ class PerfStream(Generic[T]):
     def wakeup(self) -> Wakeup:
         """The wakeup policy in force."""
         return self._options.wakeup
+
+
+class _Events(Generic[T]):
+    """``async for`` over a stream without an async generator (see ``__aiter__``).
+
+    Like the generator, it keeps nothing of its own: events built and not yet
+    handed out wait in the reader's front queue, so a consumer that stops
+    (break, cancellation) loses nothing.
+    """
+
+    __slots__ = ("_held", "_reader", "_stream")
+
+    def __init__(self, stream: PerfStream[T], reader: Reader) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._held = reader.held
+
+    def __aiter__(self) -> _Events[T]:
+        return self
+
+    async def __anext__(self) -> Event[T]:
+        held = self._held
+        while not held:
+            stream = self._stream
+            batch = stream._take(self._reader, DEFAULT_BATCH)
+            if batch:
+                held.extend(batch)
+            elif stream.closed:
+                raise StopAsyncIteration
+            else:
+                await stream._wait()
+        return held.popleft()  # type: ignore[no-any-return]
+
+
+class _Batches(Generic[T]):
+    """What ``stream.batches()`` returns: an async iterator of event lists."""
+
+    __slots__ = ("_max_items", "_reader", "_stream")
+
+    def __init__(self, stream: PerfStream[T], reader: Reader, max_items: int) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._max_items = max_items
+
+    def __aiter__(self) -> _Batches[T]:
+        return self
+
+    async def __anext__(self) -> list[Event[T]]:
+        stream = self._stream
+        while True:
+            batch = stream._take(self._reader, self._max_items)
+            if batch:
+                return batch
+            if stream.closed:
+                raise StopAsyncIteration
+            await stream._wait()

@@ -31,8 +31,7 @@ from collections.abc import Callable, Iterable
 import trio
 
 from ._errors import AperfError, BusyResourceError
-from ._loops import OnHandle
-from ._source import HandleKind
+from ._source import HandleKind, OnHandle
 
 _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 
@@ -43,6 +42,8 @@ def _nothing() -> None:
 
 class TrioBinding:
     """trio: a watcher task per handle, one pump task for drains and the timer."""
+
+    warns_on_unfinished_generators = True
 
     def __init__(self, kind: HandleKind) -> None:
         if kind != "fd":

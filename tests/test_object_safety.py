@@ -65,6 +65,7 @@ ARGS: dict[str, tuple[object, ...]] = {  # how to call each public method
     "update": (bytes(4), bytes(12)),
     "pin": ("/sys/fs/bpf/aperf_objsafe_never",),
     "unpin": ("/sys/fs/bpf/aperf_objsafe_never",),
+    "set_max_entries": (4096,),
     "set_global": ("anything", 1),
     "get_global": ("anything",),
     "load": (),
@@ -193,10 +194,10 @@ def test_dropped_object_releases_its_links() -> None:
 
 
 def test_config_update_with_short_value_fails_cleanly(producer: Producer) -> None:
-    config = producer.object.maps["config"]  # u32 -> struct {u64 count, size, first_seq}
+    config = producer.object.maps["config"]  # u32 -> struct producer_config: six u64s
     key = bytes(4)
     before = config.lookup(key)
-    short_value = "value is 1 bytes; map 'config' takes 24-byte values"
+    short_value = "value is 1 bytes; map 'config' takes 48-byte values"
     with pytest.raises(aperf.ArgumentError, match=short_value) as info:
         config.update(b"\0" * 4, b"\x07")
     assert info.value.argument == "value" and isinstance(info.value, ValueError)

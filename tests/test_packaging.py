@@ -112,7 +112,7 @@ def test_sdist_carries_what_building_and_testing_need(dist: Dist) -> None:
         "LICENSE", "README.md", "pyproject.toml", "MANIFEST.in",
         "bpf/Makefile", "bpf/build_hook.py", "bpf/bootstrap.h", "bpf/kinds.h",
         "tests/conftest.py", "tests/test_tracer.py", "tests/test_packaging.py",
-        "docs/tutorial.md", "examples/bootstrap_legacy.py", "examples/service.py",
+        "docs/tutorial.md", "examples/bootstrap_legacy.py", "examples/service/__init__.py",
         "scripts/test.sh", "scripts/check.sh", "aperf/_trace/cli.py",
     }
     needed |= {f"bpf/{name}.bpf.c" for name in SHIPPED}
@@ -138,9 +138,10 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
     assert metadata["License-Expression"] == "Apache-2.0"
     requires = metadata.get_all("Requires-Dist") or []
     runtime = sorted(r.split(">")[0] for r in requires if "extra ==" not in r)
-    assert runtime == ["anyio", "structlog", "typing_extensions"]  # the last before 3.13 only
+    assert runtime == ["anyio", "sniffio", "structlog", "typing_extensions"]  # the last < 3.13
     assert 'typing_extensions>=4.6; python_version < "3.13"' in requires
     assert 'uvloop>=0.19; sys_platform == "linux" and extra == "uvloop"' in requires
+    assert 'trio>=0.25; extra == "trio"' in requires
 
 
 # --- the wheel, installed where there is no compiler ------------------------------------------

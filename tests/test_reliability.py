@@ -15,6 +15,7 @@ import time
 import warnings
 from typing import Any
 
+import anyio
 import pytest
 
 import aperf
@@ -48,7 +49,7 @@ def child(check: Any) -> int:
 # --- fork ----------------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_forked_child_cannot_use_an_inherited_stream_and_closing_it_spares_the_parent(
     producer: Producer,
 ) -> None:
@@ -118,7 +119,7 @@ def test_a_child_that_lets_an_inherited_buffer_be_collected_spares_the_parent(
 # --- garbage collection -------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_dropped_stream_is_released_with_a_resource_warning(producer: Producer) -> None:
     before = open_fds()
     stream = aperf.PerfStream(producer.map, pages=8)
@@ -180,10 +181,11 @@ def test_close_from_another_thread_during_poll_is_clean(producer: Producer) -> N
     assert outcomes == {"closed": 150}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_from_a_thread_after_the_loop_stopped_does_not_hang(
     producer: Producer,
 ) -> None:
+    # An asyncio loop of its own, stopped with the stream open (trio: test_stream_drivers.py).
     def run() -> tuple[bool, float]:
         loop = asyncio.new_event_loop()
         stream = aperf.PerfStream(producer.map, pages=8)
@@ -196,14 +198,14 @@ async def test_close_from_a_thread_after_the_loop_stopped_does_not_hang(
         loop.close()
         return stream.closed and not closer.is_alive(), time.monotonic() - started
 
-    closed, elapsed = await asyncio.to_thread(run)
+    closed, elapsed = await anyio.to_thread.run_sync(run)
     assert closed and elapsed < 2
 
 
 # --- the architecture-neutral read path ----------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_libbpf_read_path_is_exact(
     producer: Producer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,7 +216,7 @@ async def test_libbpf_read_path_is_exact(
     lost = 0
     async with aperf.PerfStream(producer.map, pages=4, max_pending=500) as stream:
         thread = producer.spawn(n, size=48, cpu=CPU)
-        await asyncio.to_thread(thread.join)
+        await anyio.to_thread.run_sync(thread.join)
         async for event in stream:
             if isinstance(event, aperf.Lost):
                 lost += event.count

@@ -288,7 +288,13 @@ async def test_fd_and_pinned_path_sources(ringbuf: Producer) -> None:
         ringbuf.map.unpin(pin)
 
 
-async def test_bad_input_is_refused_and_the_stream_survives(ringbuf: Producer) -> None:
+async def test_bad_input_is_refused_and_the_stream_survives(
+    ringbuf: Producer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patched:  # as on a machine that is not x86-64
+        patched.setenv("APERF_RING_ACCESS", "libbpf")
+        with pytest.raises(aperf.AperfError, match="only on x86-64"):
+            await aperf.PerfStream(ringbuf.map).open()
     with pytest.raises(aperf.RingSizeError, match="fixed when the map was created"):
         await aperf.PerfStream(ringbuf.map, pages=8).open()
     with pytest.raises(aperf.MapTypeError, match="not a ring buffer"):

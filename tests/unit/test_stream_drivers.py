@@ -1,6 +1,6 @@
 """PerfStream and PerfBuffer on FakeRingSource: every driver behaviour without root.
 
-The async tests run on asyncio and on uvloop (see conftest). Timers use
+The async tests run on asyncio, uvloop and trio (see conftest). Timers use
 millisecond latencies: the drain clock is the reader's, tested in
 test_reader.py; here the drivers must only follow it.
 """
@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import anyio
 import pytest
 
 import aperf
@@ -40,14 +41,15 @@ async def collect(stream: aperf.PerfStream[Any], count: int, timeout: float = 5)
             if len(out) == count:
                 return
 
-    await asyncio.wait_for(consume(), timeout)
+    with anyio.fail_after(timeout):
+        await consume()
     return out
 
 
 # --- the contract of the issue ---------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_samples_and_lost_notices_exactly_as_from_the_kernel() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
     async with aperf.PerfStream(src, decoder=QQ) as stream:
@@ -94,13 +96,13 @@ def watermark(**kwargs: float) -> aperf.Wakeup:
     return aperf.Wakeup.watermark(1 << 20, **kwargs)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_drain_timer_finds_samples_below_the_threshold_and_adapts() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
     wakeup = watermark(max_latency=0.001, idle_latency=0.05, idle_after=0.03)
     async with aperf.PerfStream(src, wakeup=wakeup) as stream:
         assert stream.statistics().drain_period == 0.001
-        await asyncio.sleep(0.06)  # nothing written: idle
+        await anyio.sleep(0.06)  # nothing written: idle
         assert stream.statistics().drain_period == 0.05
         write(src, 0, 0, 3)  # no wakeup (watermark), only the idle tick finds them
         events = await collect(stream, 3, timeout=1)
@@ -109,12 +111,12 @@ async def test_drain_timer_finds_samples_below_the_threshold_and_adapts() -> Non
         assert stream.statistics().wakeups == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_wakeup_during_idleness_brings_the_timer_back_at_once() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 21)
     wakeup = aperf.Wakeup.every(2, max_latency=0.001, idle_latency=60, idle_after=0.01)
     async with aperf.PerfStream(src, wakeup=wakeup) as stream:
-        await asyncio.sleep(0.05)
+        await anyio.sleep(0.05)
         assert stream.statistics().drain_period == 60
         write(src, 0, 0, 2)  # wakes the reader: traffic
         await collect(stream, 2)
@@ -122,7 +124,7 @@ async def test_a_wakeup_during_idleness_brings_the_timer_back_at_once() -> None:
         assert [seq(e) for e in await collect(stream, 1, timeout=1)] == [2]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_flush_hands_over_what_sits_below_the_threshold() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
     async with aperf.PerfStream(src, wakeup=watermark(max_latency=60)) as stream:
@@ -148,14 +150,14 @@ def test_sync_poll_relaxes_when_idle() -> None:
 # --- backpressure --------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_backpressure_pauses_and_resumes_without_loss() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 16)
     async with aperf.PerfStream(src, max_pending=50) as stream:
         write(src, 0, 0, 100)
-        await asyncio.sleep(0.01)  # the readiness callback takes the ring: over the bound
+        await anyio.sleep(0.01)  # the readiness callback takes the ring: over the bound
         write(src, 1, 100, 30)
-        await asyncio.sleep(0.01)
+        await anyio.sleep(0.01)
         stats = stream.statistics()
         assert stats.paused and src.pending_bytes(1) > 0  # CPU 1's data waits in its ring
         events = await collect(stream, 130)
@@ -163,19 +165,19 @@ async def test_backpressure_pauses_and_resumes_without_loss() -> None:
         assert not stream.statistics().paused
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_backpressure_is_not_mistaken_for_idleness() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
     wakeup = watermark(max_latency=0.001, idle_latency=60, idle_after=0.01)
     async with aperf.PerfStream(src, wakeup=wakeup, max_pending=10) as stream:
         write(src, 0, 0, 100)
-        await asyncio.sleep(0.05)  # nobody reads: paused, the timer parked
+        await anyio.sleep(0.05)  # nobody reads: paused, the timer parked
         stats = stream.statistics()
         assert stats.paused and stats.drain_period == 0.001
         assert [seq(e) for e in await collect(stream, 100)] == list(range(100))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_while_paused_hands_over_everything_then_ends() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
     stream = aperf.PerfStream(src, max_pending=100)
@@ -183,13 +185,13 @@ async def test_close_while_paused_hands_over_everything_then_ends() -> None:
     write(src, 0, 0, 1000)
     stream.flush()  # past the bound once
     write(src, 0, 1000, 10)
-    await asyncio.sleep(0.01)
+    await anyio.sleep(0.01)
     assert stream.statistics().paused
     await stream.aclose()
     assert [seq(e) async for e in stream] == list(range(1010))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_overflow_with_a_slow_consumer_counts_every_sample() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1024)
     delivered = lost = 0
@@ -199,7 +201,7 @@ async def test_overflow_with_a_slow_consumer_counts_every_sample() -> None:
             written += 1
             src.write(0, QQ.pack(i, 0))
             if i % 100 == 0:
-                await asyncio.sleep(0)
+                await anyio.sleep(0)
         await stream.aclose()
         async for event in stream:
             if isinstance(event, aperf.Sample):
@@ -212,7 +214,7 @@ async def test_overflow_with_a_slow_consumer_counts_every_sample() -> None:
 # --- close, cancel, busy ------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_from_another_task_ends_iteration() -> None:
     src = FakeRingSource(cpus=[0])
     async with aperf.PerfStream(src) as stream:
@@ -222,30 +224,35 @@ async def test_close_from_another_task_ends_iteration() -> None:
             async for event in stream:
                 seen.append(seq(event))
 
-        consumer = asyncio.create_task(consume())
-        write(src, 0, 0, 20)
-        while len(seen) < 20:
-            await asyncio.sleep(0.001)
-        await stream.aclose()
-        await asyncio.wait_for(consumer, 1)  # ends cleanly, no exception
+        with anyio.fail_after(1):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                write(src, 0, 0, 20)
+                while len(seen) < 20:
+                    await anyio.sleep(0.001)
+                await stream.aclose()  # the consumer ends cleanly, no exception
         await stream.aclose()  # idempotent
     assert seen == list(range(20)) and stream.closed
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_from_another_thread() -> None:
     src = FakeRingSource(cpus=[0])
     async with aperf.PerfStream(src) as stream:
-        async def consume() -> int:
-            return len([e async for e in stream])
+        counted: list[int] = []
 
-        consumer = asyncio.create_task(consume())
-        write(src, 0, 0, 50)
-        await asyncio.sleep(0.01)
+        async def consume() -> None:
+            counted.append(len([e async for e in stream]))
+
         closer = threading.Thread(target=stream.close)
-        closer.start()
-        assert await asyncio.wait_for(consumer, 2) == 50
-        await asyncio.to_thread(closer.join, 2)
+        with anyio.fail_after(2):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                write(src, 0, 0, 50)
+                await anyio.sleep(0.01)
+                closer.start()
+        assert counted == [50]
+        await anyio.to_thread.run_sync(closer.join, 2)
         assert not closer.is_alive()
 
 
@@ -265,49 +272,69 @@ def test_close_from_a_thread_after_the_loop_stopped_finishes() -> None:
     loop.close()
 
 
+def test_close_from_a_thread_after_the_trio_run_ended_finishes() -> None:
+    import trio  # a test dependency
+    src = FakeRingSource(cpus=[0])
+    stream: aperf.PerfStream[None] = aperf.PerfStream(src)
+    trio.run(stream.open)  # the run ends with the stream open: its system task is gone
+    write(src, 0, 0, 3)
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    closer.join(2)
+    assert not closer.is_alive() and stream.closed
+    assert [seq(e) for e in trio.run(_drain, stream)] == [0, 1, 2]
+
+
 async def _drain(stream: aperf.PerfStream[Any]) -> list[Any]:
     return [e async for e in stream]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_cancelling_the_consumer_loses_nothing() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
     seen: list[int] = []
     async with aperf.PerfStream(src) as stream:
-        async def consume(limit: int | None) -> None:
-            async for event in stream:
-                seen.append(seq(event))
-                await asyncio.sleep(0)  # a cancellation point inside the loop body
-                if limit is not None and len(seen) >= limit:
-                    await asyncio.sleep(3600)
+        cancelled: list[bool] = []
+
+        async def consume(limit: int) -> None:
+            try:
+                async for event in stream:
+                    seen.append(seq(event))
+                    await anyio.sleep(0)  # a cancellation point inside the loop body
+                    if len(seen) >= limit:
+                        await anyio.sleep(3600)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
 
         write(src, 0, 0, 1000)
-        first = asyncio.create_task(consume(300))
-        while len(seen) < 300:
-            await asyncio.sleep(0.001)
-        first.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await first
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume, 300)
+            while len(seen) < 300:
+                await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()  # the loop's own cancellation (trio: a cancel scope)
+        assert cancelled == [True]
         write(src, 0, 1000, 500)
         rest = await collect(stream, 1200)
     assert seen + [seq(e) for e in rest] == list(range(1500))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_second_reader_is_refused() -> None:
     src = FakeRingSource(cpus=[0])
     async with aperf.PerfStream(src) as stream:
-        first = asyncio.create_task(_drain(stream))
-        await asyncio.sleep(0.01)
-        with pytest.raises(aperf.BusyResourceError, match="already reading"):
-            await asyncio.wait_for(_drain(stream), 1)
-        with pytest.raises(aperf.BusyResourceError):
-            await aperf.PerfStream(src).open()  # the source is taken, as a kernel map is
-        await stream.aclose()
-        await asyncio.wait_for(first, 1)
+        with anyio.fail_after(1):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_drain, stream)
+                await anyio.sleep(0.01)
+                with pytest.raises(aperf.BusyResourceError, match="already reading"):
+                    await _drain(stream)
+                with pytest.raises(aperf.BusyResourceError):
+                    await aperf.PerfStream(src).open()  # the source is taken, as a kernel map is
+                await stream.aclose()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_not_open_and_reopen() -> None:
     src = FakeRingSource(cpus=[0])
     stream = aperf.PerfStream(src)
@@ -322,13 +349,13 @@ async def test_not_open_and_reopen() -> None:
 # --- callbacks ------------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_callback_exceptions_propagate_and_the_rest_stays_queued() -> None:
     src = FakeRingSource(cpus=[0])
     got: list[int] = []
 
     async def on_sample(event: aperf.Sample[Any]) -> None:
-        await asyncio.sleep(0)
+        await anyio.sleep(0)
         if seq(event) == 5 and -1 not in got:
             got.append(-1)
             raise KeyError("async boom")
@@ -336,17 +363,18 @@ async def test_callback_exceptions_propagate_and_the_rest_stays_queued() -> None
 
     async with aperf.PerfStream(src, on_sample=on_sample) as stream:
         write(src, 0, 0, 10)
-        with pytest.raises(KeyError, match="async boom"):
-            await asyncio.wait_for(stream.run(), 2)
-        runner = asyncio.create_task(stream.run())
-        while len(got) < 10:
-            await asyncio.sleep(0.001)
-        await stream.aclose()
-        await asyncio.wait_for(runner, 1)  # run() returns once the stream is closed
+        with pytest.raises(KeyError, match="async boom"), anyio.fail_after(2):
+            await stream.run()
+        with anyio.fail_after(1):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.run)
+                while len(got) < 10:
+                    await anyio.sleep(0.001)
+                await stream.aclose()  # run() returns once the stream is closed
     assert got == [0, 1, 2, 3, 4, -1, 6, 7, 8, 9]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_sync_and_async_callbacks_and_on_batch() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=256)
     samples: list[int] = []
@@ -358,20 +386,20 @@ async def test_sync_and_async_callbacks_and_on_batch() -> None:
     async with aperf.PerfStream(src, on_sample=lambda e: samples.append(seq(e)),
                                 on_lost=on_lost) as stream:
         write(src, 0, 0, 20)  # 8 fit in 256 bytes
-        runner = asyncio.create_task(stream.run())
-        while len(samples) < 8 or not lost:
-            await asyncio.sleep(0.001)
-        await stream.aclose()
-        await runner
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.run)
+            while len(samples) < 8 or not lost:
+                await anyio.sleep(0.001)
+            await stream.aclose()
     assert samples == list(range(8)) and lost == [12]
     batches: list[int] = []
     async with aperf.PerfStream(src, on_batch=lambda b: batches.append(len(b))) as stream:
         write(src, 0, 0, 5)
-        runner = asyncio.create_task(stream.run())
-        while sum(batches) < 5:
-            await asyncio.sleep(0.001)
-        await stream.aclose()
-        await runner
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.run)
+            while sum(batches) < 5:
+                await anyio.sleep(0.001)
+            await stream.aclose()
 
 
 def test_sync_callback_exception_propagates_and_nothing_is_lost() -> None:
@@ -416,7 +444,7 @@ def picky(data: bytes) -> int:
     return value
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize("policy", ["item", "skip", "raise"])
 async def test_decode_error_policies(policy: Any) -> None:
     src = FakeRingSource(cpus=[0])
@@ -447,7 +475,7 @@ def test_sync_decode_error_without_a_handler_raises() -> None:
     assert [e.value for e in got] == [0, 1, 3]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_broken_ring_fails_in_order_and_the_others_go_on() -> None:
     src = FakeRingSource(cpus=[0, 1])
     async with aperf.PerfStream(src) as stream:
