@@ -74,10 +74,16 @@ async def trace(args: argparse.Namespace) -> int:
             stop.on_stop(out.stop)
             # A ``const volatile`` global: set before load, a constant to the verifier.
             obj.set_global("min_duration_ns", args.duration * 1_000_000)
+            if args.ringbuf:  # the twin, bootstrap.bpf.c: a ring buffer is sized at load
+                obj.maps["rb"].set_max_entries(args.pages * 4096)
             obj.load()
             obj.attach()
+            # The perf event array (a ring per CPU, sized here), or the ring buffer with
+            # the programs' own count of dropped events (the kernel keeps none).
+            source = cli.event_source(obj)
             async with aperf.PerfStream(
-                obj.maps["perf_buffer"], pages=args.pages, wakeup=args.wakeup,
+                source, wakeup=args.wakeup,
+                pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
                 decoder=event_decoder(obj),  # struct event from the object's BTF
             ) as stream:
                 stop.on_stop(stream.close)
@@ -93,8 +99,8 @@ async def trace(args: argparse.Namespace) -> int:
                             await out.write(line)
                             if out.broken:  # the reader went away (... | head)
                                 stream.close()
-                        case aperf.Lost(cpu=cpu, count=count):
-                            warn(f"Lost {count} events on CPU #{cpu}!")
+                        case aperf.Lost():
+                            warn(cli.lost_message(item))
                         case aperf.BadSample(cpu=cpu, error=error):
                             warn(f"Bad sample on CPU #{cpu}: {error}")
     finally:

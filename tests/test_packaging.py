@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = ("producer", "kinds", "bootstrap_legacy")
+SHIPPED = ("producer", "kinds", "bootstrap_legacy", "bootstrap")
 HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
 BUILD_TIMEOUT = 300
 # What a fresh clone does not have: build outputs, caches, environments.

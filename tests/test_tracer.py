@@ -36,6 +36,7 @@ HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
 ROW = re.compile(r"(\d\d:\d\d:\d\d) (EXEC|EXIT)  (.{16}) (\d+ *) (\d+ *) (.*)")
 EXIT_DETAIL = re.compile(r"\[(\d+)\](?: \((\d+)ms\))?")
 LOST = re.compile(r"^Lost (\d+) events on CPU #(\d+)!$", re.MULTILINE)
+LOST_RINGBUF = re.compile(r"^Lost (\d+) events!$", re.MULTILINE)  # one ring for every CPU
 # JSON lines carry the fields that apply to the event's kind, no more.
 JSON_COMMON = {"time", "event", "cpu", "pid", "ppid", "comm", "exit_event", "timestamp_ns"}
 JSON_KEYS = {
@@ -229,13 +230,19 @@ def finished(proc: subprocess.Popen[Any]) -> int:
 
 @pytest.mark.kernel
 @pytest.mark.parametrize(
-    ("command", "loop"), [("example", "asyncio"), ("example", "uvloop"), ("tool", "asyncio")]
+    ("command", "loop", "ring"),
+    [
+        ("example", "asyncio", "perf"), ("example", "uvloop", "perf"), ("tool", "asyncio", "perf"),
+        # the ring buffer twin (bootstrap.bpf.c): the same table
+        ("example", "asyncio", "ringbuf"), ("tool", "uvloop", "ringbuf"),
+    ],
 )
 def test_table_shows_exec_and_exit_of_a_pipeline(
-    tracefs: None, tmp_path: Path, command: str, loop: str
+    tracefs: None, tmp_path: Path, command: str, loop: str, ring: str
 ) -> None:
     sh, ls, grep = which("sh"), which("ls"), which("grep")
-    with Tracer("--loop", loop, command=command) as tracer:
+    ringbuf = ["--ringbuf"] if ring == "ringbuf" else []
+    with Tracer("--loop", loop, *ringbuf, command=command) as tracer:
         tracer.wait_header()
         # An empty directory: ls prints nothing, so grep finds no "x" and exits 1.
         proc = subprocess.Popen([sh, "-c", "ls | grep x; exit 3"], cwd=tmp_path)
@@ -526,6 +533,34 @@ def test_lost_events_are_reported_on_stderr(tracefs: None) -> None:
     assert rc == 0
     reports = [(int(n), int(cpu)) for n, cpu in LOST.findall(tracer.stderr)]
     assert reports and all(n > 0 and cpu in cpus for n, cpu in reports), tracer.stderr
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("command", ["tool", "example"])
+def test_ring_buffer_losses_are_counted_by_the_programs_and_reported(
+    tracefs: None, command: str
+) -> None:
+    sh, true = which("sh"), which("true")
+    # One 4 KiB ring buffer for every CPU: 22 events of 184 bytes fit.
+    with Tracer("--ringbuf", "--pages", "1", "--json", command=command) as tracer:
+        tracer.wait_json_ready()
+        tracer.proc.send_signal(signal.SIGSTOP)  # a stopped reader cannot drain
+        try:
+            burst = subprocess.Popen([sh, "-c", f"for i in $(seq 100); do {true}; done"])
+            assert finished(burst) == 0
+        finally:
+            tracer.proc.send_signal(signal.SIGCONT)
+        # No lost record to wait for (the kernel writes none): the programs' count is
+        # read when a drain finds the ring full, and at the latest when the stream closes.
+        tracer.read_until(lambda _: bool(LOST_RINGBUF.search(tracer.stderr)),
+                          poke=lambda: subprocess.run([true], check=True))
+        rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+    reports = [int(n) for n in LOST_RINGBUF.findall(tracer.stderr)]
+    assert reports and all(n > 0 for n in reports), tracer.stderr
+    assert not LOST.search(tracer.stderr)  # no CPU is named: the ring serves them all
+    records = [json.loads(line) for line in tracer.seen if line.startswith("{")]
+    assert records and {r["cpu"] for r in records} == {-1}
 
 
 def _unprivileged_wrappers() -> list[Any]:

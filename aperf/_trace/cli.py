@@ -31,6 +31,7 @@ from .render import HEADER, event_decoder, json_record, table_line
 
 PROG = "aperf-trace"
 DEFAULT_PAGES = 8  # per CPU, as the C original: 8 x 4 KiB = 32 KiB
+DEFAULT_RINGBUF_PAGES = 64  # the whole ring buffer, as libbpf-bootstrap's bootstrap: 256 KiB
 MAX_PAGES = 8192  # 32 MiB per CPU: far more than exec/exit rates need, and still mappable
 # Execs and exits are rare (tens to thousands a second): a kernel wakeup per event,
 # as libbpf's default in the C original, costs little, and leaves no drain timer
@@ -41,16 +42,18 @@ WAKEUPS = ("lowest-latency", "balanced", "throughput")
 Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-def shipped_object() -> Path:
-    """The tracer's BPF object, as shipped in the aperf package."""
-    return Path(str(resources.files("aperf") / "_objects" / "bootstrap_legacy.bpf.o"))
+def shipped_object(name: str = "bootstrap_legacy") -> Path:
+    """A tracer's BPF object, as shipped in the aperf package (``bootstrap_legacy``:
+    perf event array; ``bootstrap``: BPF ring buffer)."""
+    return Path(str(resources.files("aperf") / "_objects" / f"{name}.bpf.o"))
 
 
 @contextlib.contextmanager
 def tracer_object(
-    path: str | os.PathLike[str], min_duration_ns: int = 0
+    path: str | os.PathLike[str], min_duration_ns: int = 0, ringbuf_bytes: int | None = None
 ) -> Iterator[aperf.BPFObject]:
-    """Open the BPF object, set its ``min_duration_ns`` global, load it and attach it.
+    """Open the BPF object, set its ``min_duration_ns`` global (and the size of its ring
+    buffer, if it has one), load it and attach it.
 
     Closing the object (leaving the ``with`` block) detaches both programs and
     frees the maps.
@@ -59,9 +62,30 @@ def tracer_object(
         # A ``const volatile`` global lives in .rodata: it can only be set before
         # load, and the verifier then treats it as a constant (dead branches vanish).
         obj.set_global("min_duration_ns", min_duration_ns)
+        if ringbuf_bytes is not None and "rb" in obj.maps:
+            obj.maps["rb"].set_max_entries(ringbuf_bytes)  # a ring buffer is sized at load
         obj.load()
         obj.attach()
         yield obj
+
+
+def event_source(obj: aperf.BPFObject) -> aperf.Map | aperf.RingBufferSource:
+    """Where the object's events arrive: its ring buffer ``rb`` (bootstrap.bpf.c), with the
+    programs' own count of events that found no room, or its perf event array."""
+    if "rb" not in obj.maps:
+        return obj.maps["perf_buffer"]
+    dropped = obj.maps["dropped"]
+
+    def dropped_events() -> int:  # the kernel counts no ring buffer drops: the programs do
+        return int.from_bytes(dropped.lookup(bytes(4)), "little")
+
+    return aperf.RingBufferSource(obj.maps["rb"], dropped=dropped_events)
+
+
+def lost_message(lost: aperf.Lost) -> str:
+    if lost.cpu == aperf.NO_CPU:  # one ring buffer for every CPU
+        return f"Lost {lost.count} events!"
+    return f"Lost {lost.count} events on CPU #{lost.cpu}!"
 
 
 def warn(message: str) -> None:
@@ -129,7 +153,7 @@ class Printer:
         if isinstance(item, aperf.Sample):
             await self.sample(item)
         elif isinstance(item, aperf.Lost):
-            warn(f"Lost {item.count} events on CPU #{item.cpu}!")
+            warn(lost_message(item))
         else:
             warn(f"Bad sample on CPU #{item.cpu}: {item.error}")
 
@@ -138,11 +162,14 @@ async def trace(args: argparse.Namespace) -> int:
     """Print every exec and exit until SIGINT/SIGTERM, or until stdout's reader goes away."""
     out = await LineOutput.open()
     try:
-        with StopSignals() as stop, tracer_object(args.object, args.duration * 1_000_000) as obj:
+        with StopSignals() as stop, tracer_object(
+            args.object, args.duration * 1_000_000, ringbuf_bytes(args)
+        ) as obj:
             stop.on_stop(out.stop)
+            source = event_source(obj)
             stream = aperf.PerfStream(
-                obj.maps["perf_buffer"], pages=args.pages, decoder=event_decoder(obj),
-                wakeup=args.wakeup,
+                source, pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
+                decoder=event_decoder(obj), wakeup=args.wakeup,
             )
             async with stream:
                 # Closing the stream frees the rings at once; the loop then hands
@@ -188,10 +215,18 @@ def non_negative(text: str) -> int:
     return value
 
 
+def ringbuf_bytes(args: argparse.Namespace) -> int | None:
+    """The ring buffer's size from ``--pages`` with ``--ringbuf`` (None: a perf event array)."""
+    return args.pages * 4096 if args.ringbuf else None
+
+
 def parse_args(
     argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None
 ) -> argparse.Namespace:
+    """The options; ``default_object`` is the perf event array tracer's object, and the
+    ring buffer twin's (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
     default_object = default_object or shipped_object()
+    ringbuf_object = default_object.with_name("bootstrap.bpf.o")
     parser = argparse.ArgumentParser(
         prog=command,
         description="Trace process exec and exit events (BPF perf event array, read by aperf).",
@@ -211,19 +246,31 @@ def parse_args(
         help="event loop to run on (uvloop: pip install 'aperf[uvloop]')",
     )
     parser.add_argument(
-        "--pages", type=positive_power_of_two, default=DEFAULT_PAGES, metavar="N",
-        help=f"ring size per CPU in 4 KiB pages, a power of two up to {MAX_PAGES} "
-        f"(default {DEFAULT_PAGES})",
+        "--pages", type=positive_power_of_two, default=None, metavar="N",
+        help=f"ring size in 4 KiB pages, a power of two up to {MAX_PAGES}: per CPU "
+        f"(default {DEFAULT_PAGES}), or of the one ring buffer with --ringbuf "
+        f"(default {DEFAULT_RINGBUF_PAGES})",
+    )
+    parser.add_argument(
+        "--ringbuf", action="store_true",
+        help="trace with the ring buffer twin (bootstrap.bpf.c, libbpf-bootstrap's "
+        "'bootstrap'): one BPF ring buffer for every CPU instead of a perf event array",
     )
     parser.add_argument(
         "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
         help=f"when the kernel wakes the reader (default {DEFAULT_WAKEUP}: at every event)",
     )
     parser.add_argument(
-        "--object", type=Path, default=default_object, metavar="PATH",
-        help=f"the compiled BPF object (default: {default_object})",
+        "--object", type=Path, default=None, metavar="PATH",
+        help=f"the compiled BPF object (default: {default_object}, with --ringbuf "
+        f"{ringbuf_object})",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.pages is None:
+        args.pages = DEFAULT_RINGBUF_PAGES if args.ringbuf else DEFAULT_PAGES
+    if args.object is None:
+        args.object = ringbuf_object if args.ringbuf else default_object
+    return args
 
 
 def configure_logging(verbose: bool) -> None:
