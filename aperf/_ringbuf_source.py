@@ -54,6 +54,8 @@ class RingBufferSource:
 
     handle_kind: HandleKind = "fd"
     records: RecordFormat = RINGBUF_RECORDS
+    MAP_TYPE = maps.BPF_MAP_TYPE_RINGBUF
+    """``BPF_MAP_TYPE_RINGBUF`` (27): the ``aperf.Map.type`` of the maps it reads."""
 
     def __init__(
         self, source: maps.MapSource, *, dropped: Callable[[], int] | None = None
