@@ -84,7 +84,8 @@ def _release_dropped(held: _Held, name: str) -> None:
 
 
 class PerfBuffer(Generic[T]):
-    """Rings read synchronously, with libbpf's names.
+    """Rings read synchronously, with libbpf's names (a perf event array's, or a BPF ring
+    buffer's: its one ring has the key -1).
 
     ``poll(timeout_ms)`` waits up to the timeout for a ring to be woken (or for
     the drain timer of batched wakeups), then hands every pending event to the
