@@ -293,12 +293,10 @@ def main(
     except aperf.VerifierError as exc:
         # Several lines on purpose: the end of the verifier's log says why.
         return fail(str(exc))
-    except (aperf.MissingPrivilegesError, PermissionError) as exc:
-        call = f"{exc.function}(): " if isinstance(exc, aperf.LibbpfError) else ""
-        return fail(
-            f"the kernel refused ({call}{exc.strerror}); loading BPF programs needs root "
-            "(CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)"
-        )
+    except aperf.MissingPrivilegesError as exc:
+        return fail(f"the kernel refused ({exc.function}(): {exc.strerror}); {exc.hint}")
+    except PermissionError as exc:
+        return fail(f"{exc.strerror}: {exc.filename}" if exc.filename else str(exc))
     except aperf.AperfError as exc:
         # Also a kernel without BPF (ENOSYS) or without these tracepoints (ENOENT).
         # libbpf's log lines follow the first line; -v shows all of them.
