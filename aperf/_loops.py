@@ -1,8 +1,8 @@
 """What the async driver needs from an event loop, one class per loop.
 
-:class:`PerfStream` is written once against :class:`LoopBinding`: watch
+``PerfStream`` is written once against ``LoopBinding``: watch
 readiness handles, keep one timer, park one consumer until woken, and run a
-function on the loop from another thread. :class:`AsyncioBinding` serves
+function on the loop from another thread. ``AsyncioBinding`` serves
 asyncio and uvloop (``loop.add_reader`` on each ring fd, ``loop.call_at``);
 another loop or another kind of handle plugs in here.
 """
@@ -36,7 +36,7 @@ class LoopBinding(Protocol):
         ...
 
     async def wait(self) -> None:
-        """Park the consumer until :meth:`wake`; BusyResourceError if one is parked already."""
+        """Park the consumer until ``wake()``; BusyResourceError if one is parked already."""
         ...
 
     def wake(self) -> None:

@@ -1,7 +1,7 @@
 """The Linux perf event array as a ring source: one perf ring per online CPU.
 
-:class:`PerfEventArraySource` resolves what the user passed (an
-:class:`aperf.Map`, a map fd, or a pinned path), checks it, opens one ring per
+``PerfEventArraySource`` resolves what the user passed (an
+``aperf.Map``, a map fd, or a pinned path), checks it, opens one ring per
 online CPU with the map slot keyed by CPU id, and frees everything in a fixed
 order, exactly once. The rings' fds are their readiness handles.
 """
@@ -152,7 +152,7 @@ class PerfEventArraySource:
 
     @property
     def object(self) -> object | None:
-        """The :class:`aperf.BPFObject` the map belongs to (for BTF decoders), if known."""
+        """The ``BPFObject`` the map belongs to (for BTF decoders), if known."""
         return self._spec.object if isinstance(self._spec, Map) else None
 
     @property

@@ -67,9 +67,9 @@ def _release_dropped(held: _Held, name: str) -> None:
 class PerfStream(Generic[T]):
     """Every ring of a source (one per CPU of a PERF_EVENT_ARRAY map), as an async stream.
 
-    ``source`` is an :class:`aperf.Map`, the fd of a perf event array loaded by
+    ``source`` is an [`aperf.Map`][aperf.Map], the fd of a perf event array loaded by
     anything else, the path of a pinned map, or a ring source (e.g.
-    :class:`aperf.testing.FakeRingSource`). Open it with ``async with`` (or
+    [`aperf.testing.FakeRingSource`][aperf.testing.FakeRingSource]). Open it with ``async with`` (or
     ``await stream.open()`` and ``await stream.aclose()``), then either iterate
     it (``async for event in stream``, or ``stream.batches()``) or, given
     callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |

@@ -252,7 +252,7 @@ class PerfBuffer(Generic[T]):
             return self._dispatch(reader)
 
     def flush(self) -> int:
-        """Same as :meth:`consume`: hand over what sits below the wakeup threshold."""
+        """Hand over what sits below the wakeup threshold: the same as ``consume()``."""
         return self.consume()
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock

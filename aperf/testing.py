@@ -1,15 +1,15 @@
 """Tools for testing code that reads perf rings.
 
-:class:`Producer` makes the kernel emit exactly N perf samples of S bytes on a
+``Producer`` makes the kernel emit exactly N perf samples of S bytes on a
 chosen CPU, as fast as it can, with no attachment to any hook: a ``raw_tp``
 program looping with ``bpf_loop`` and run through ``BPF_PROG_TEST_RUN`` on that
 CPU. Each sample starts with a little-endian u64 sequence number (if S >= 8)
 and a u64 ``bpf_ktime_get_ns()`` timestamp (if S >= 16); smaller samples hold
 the low S bytes of the sequence number; the rest is zero.
 
-:class:`FakeRingSource` gives ``PerfStream`` and ``PerfBuffer`` per-CPU rings in
+``FakeRingSource`` gives ``PerfStream`` and ``PerfBuffer`` per-CPU rings in
 memory that behave like the kernel's, with real fds for the event loop: test
-your own consumers without root. :class:`FakeRingMemory` and the record
+your own consumers without root. ``FakeRingMemory`` and the record
 encoders build single rings for tests of ring-reading code.
 """
 
@@ -74,8 +74,15 @@ class ProducerCounters:
 class Producer:
     """The deterministic sample producer (``producer.bpf.o``), loaded and ready.
 
-    >>> with Producer() as producer, PerfBuffer(producer.map, on_sample=...) as pb:
-    ...     producer.emit(1000, size=32, cpu=0)
+    <!-- needs root -->
+    ```python
+    import aperf
+    from aperf.testing import Producer
+
+    with Producer() as producer, aperf.PerfBuffer(producer.map, on_sample=print) as pb:
+        producer.emit(3, size=32, cpu=0)  # exactly 3 samples of 32 bytes, on CPU 0
+        pb.poll(100)
+    ```
     """
 
     def __init__(self, *, tag: int = 0, path: str | None = None) -> None:

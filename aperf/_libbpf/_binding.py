@@ -2,7 +2,7 @@
 
 Every prototype is made by a small factory that sets ``argtypes``, a ctypes
 ``restype`` and an ``errcheck``; the errcheck turns a NULL or negative return
-into a :class:`~aperf.LibbpfError` carrying errno and the function's name, and
+into a ``LibbpfError`` carrying errno and the function's name, and
 re-raises any exception that a Python callback raised while C was running.
 Nothing outside this subpackage touches ctypes prototypes.
 """
