@@ -2,7 +2,7 @@
 # Prepare this machine for aperf (idempotent; run as root):
 #   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc,
 #     chromium + chromium-driver (the service page's browser test)
-#   - Python packages, in .venv: aperf itself (editable) with its test and service extras
+#   - Python packages, in .venv: aperf itself (editable) with its test, service and docs extras
 #   - tracefs and bpffs mounted
 #   - the BPF objects built (bpf/*.bpf.o, and the shipped ones in aperf/_objects/)
 set -euo pipefail
@@ -37,7 +37,7 @@ fi
 STAMP=.venv/.aperf-setup-stamp
 inputs=$( { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
 if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inputs" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service,docs]'
     echo "$inputs" > "$STAMP"
 fi
 
