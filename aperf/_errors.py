@@ -52,6 +52,21 @@ class MissingPrivilegesError(LibbpfError, PermissionError):
         return super().__str__() + " (BPF needs root, or CAP_BPF + CAP_PERFMON)"
 
 
+class Win32Error(AperfError, OSError):
+    """A Windows API call (``kernel32``: events and waits) failed.
+
+    ``winerror`` is ``GetLastError()``'s code, ``function`` the API's name.
+    """
+
+    function: str
+
+    def __init__(self, winerror: int, function: str, detail: str = "") -> None:
+        message = f"{function}() failed with Windows error {winerror}"
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.winerror = winerror
+        self.function = function
+
+
 # --- BPF objects -------------------------------------------------------------
 
 

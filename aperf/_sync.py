@@ -1,8 +1,8 @@
 """The synchronous driver: libbpf's ``perf_buffer__poll``/``consume`` names, no event loop.
 
-It only waits (``epoll`` on the rings' fds, bounded by the reader's drain
-deadline) and calls the reader; the policy is the reader's, as for the async
-driver.
+It only waits (``epoll`` on the rings' fds, or ``WaitForMultipleObjects`` on
+Windows wait handles; bounded by the reader's drain deadline) and calls the
+reader; the policy is the reader's, as for the async driver.
 """
 
 from __future__ import annotations
@@ -11,17 +11,54 @@ import select
 import struct
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, Protocol, TypeVar, overload
 
-from ._errors import AperfError, ClosedResourceError
+from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics
 from ._log import log
 from ._options import Wakeup
 from ._reader import DEFAULT_BATCH, DecodeErrorPolicy, Handlers, Reader
 from ._setup import ReaderOptions, SourceSpec
+from ._source import HandleKind
 
 T = TypeVar("T")
+
+
+class HandleWaiter(Protocol):
+    def wait(self, timeout: float) -> list[int]:
+        """The handles ready within ``timeout`` seconds (negative: no limit); [] on timeout."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _EpollWaiter:
+    """Ring fds, polled for input."""
+
+    def __init__(self, fds: Iterable[int]) -> None:
+        self._epoll = select.epoll()
+        try:
+            for fd in fds:
+                self._epoll.register(fd, select.EPOLLIN)
+        except BaseException:
+            self._epoll.close()
+            raise
+
+    def wait(self, timeout: float) -> list[int]:
+        return [fd for fd, _ in self._epoll.poll(timeout)]  # retries EINTR itself (PEP 475)
+
+    def close(self) -> None:
+        self._epoll.close()
+
+
+def handle_waiter(kind: HandleKind, handles: Iterable[int]) -> HandleWaiter:
+    """What waits on a source's readiness handles without an event loop."""
+    if kind == "win32":
+        from ._ebpfwin import Win32Waiter
+
+        return Win32Waiter(handles)
+    return _EpollWaiter(handles)
 
 
 class PerfBuffer(Generic[T]):
@@ -104,15 +141,13 @@ class PerfBuffer(Generic[T]):
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=DEFAULT_BATCH * 256, decode_errors=decode_errors,
         )
-        if options.source.handle_kind != "fd":
-            raise AperfError(f"PerfBuffer cannot wait on {options.source.handle_kind} handles")
         self._lock = threading.Lock()  # one poll at a time; close waits for it
-        self._epoll: select.epoll | None = None
+        self._waiter: HandleWaiter | None = None
         self._reader: Reader | None = options.open(time.monotonic)
         try:
-            self._epoll = select.epoll()
-            for handle in {ring.handle for ring in self._reader.rings.values()}:
-                self._epoll.register(handle, select.EPOLLIN)
+            self._waiter = handle_waiter(
+                options.source.handle_kind, {ring.handle for ring in self._reader.rings.values()}
+            )
         except BaseException:
             self.close()
             raise
@@ -134,7 +169,9 @@ class PerfBuffer(Generic[T]):
         return sorted(self._require_open().counters)
 
     def buffer_fd(self, cpu: int) -> int:
-        """The perf event fd of ``cpu``'s ring (to wait on it in your own loop)."""
+        """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
+
+        On Windows: the perf buffer's wait handle, which every ring shares."""
         ring = self._require_open().rings.get(cpu)
         if ring is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
@@ -149,8 +186,8 @@ class PerfBuffer(Generic[T]):
         reader = self._require_open()
         if reader.pending or reader.held:
             return self._dispatch(reader)
-        epoll = self._epoll
-        assert epoll is not None
+        waiter = self._waiter
+        assert waiter is not None
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
         while True:
             now = time.monotonic()
@@ -160,8 +197,8 @@ class PerfBuffer(Generic[T]):
             if ticking:
                 assert tick_at is not None
                 wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
-            ready = epoll.poll(wait)  # retries EINTR itself (PEP 475)
-            for handle, _ in ready:
+            ready = waiter.wait(wait)
+            for handle in ready:
                 reader.on_ready(handle)
             if not ready and ticking:
                 reader.tick()
@@ -230,11 +267,11 @@ class PerfBuffer(Generic[T]):
 
     def close(self) -> None:
         """Stop waiting, then free the rings (fds closed, map slots deleted). Idempotent."""
-        epoll, self._epoll = self._epoll, None
+        waiter, self._waiter = self._waiter, None
         reader = self._reader
         try:
-            if epoll is not None:
-                epoll.close()
+            if waiter is not None:
+                waiter.close()
         finally:
             if reader is not None and not reader.closed:
                 try:
