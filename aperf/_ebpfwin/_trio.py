@@ -2,40 +2,79 @@
 
 :class:`TrioHandleWatcher` has the handle half of ``LoopBinding`` (``watch``,
 ``forget``, ``stop``); a trio binding delegates to it for the "win32" handle
-kind. On Windows it runs a task per handle awaiting
-``trio.lowlevel.WaitForSingleObject``; where that does not exist (or with
-``thread=True``) a :class:`~aperf._ebpfwin._waits.HandleWaiterThread` hands
-each firing over through the run's ``TrioToken``. Either way ``on_ready``
-runs on the trio thread, resets the manual-reset handle, then reads; the
-handle is waited on again only after that.
+kind. By default it runs a task per handle that waits in a worker thread of
+trio's (``trio.to_thread.run_sync``) on the handle and a cancel event of its
+own; with ``thread=True`` one :class:`~aperf._ebpfwin._waits.HandleWaiterThread`
+hands each firing over through the run's ``TrioToken``. Either way
+``on_ready`` runs on the trio thread, resets the manual-reset handle, then
+reads; the handle is waited on again only after that.
 
-Caveat of the task mode: trio abandons the thread behind a cancelled
-``WaitForSingleObject`` (it signals a cancel event the thread also waits on),
-so that thread may still be in its wait for a moment after :meth:`stop`
-returns; the thread mode joins its thread. A binding that closes the handle
-right after ``stop()`` should prefer ``thread=True``.
+Why not ``trio.lowlevel.WaitForSingleObject``: it abandons its waiting thread
+when cancelled (it signals a cancel event that thread also waits on, and
+returns), so that thread may still be waiting on the handle after the task
+ended; the stream closes the handle right after ``stop()``, and closing a
+handle another thread waits on is undefined on Windows. Here :meth:`stop`
+signals the cancel event and returns only once the worker left its wait
+(microseconds); the stand-in kernel32 of the tests counts any such misuse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import trio
 
+from . import _api as win
+from . import _binding as c
 from ._waits import HandleWaiterThread
 
-WaitForObject = Callable[[int], Awaitable[Any]]
+
+@dataclass
+class _Watch:
+    """One handle's task: its scope, its cancel event, and whether its worker waits."""
+
+    scope: trio.CancelScope
+    cancel: win.Event
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    waiting: bool = False
+    ended: bool = False
+    left: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, handle: int) -> int | None:
+        """In a worker thread: wait on the handle and the cancel event (unless ended)."""
+        with self.lock:
+            if self.ended:
+                return None
+            self.waiting = True
+            self.left.clear()
+        try:
+            return win.wait_any([handle, self.cancel.handle], c.INFINITE)
+        finally:
+            with self.lock:
+                self.waiting = False
+                self.left.set()
+
+    def end(self) -> None:
+        """On the trio thread: no worker waits on the handle once this returns."""
+        with self.lock:
+            self.ended = True
+            waiting = self.waiting
+        self.scope.cancel()
+        self.cancel.set()
+        if waiting:
+            self.left.wait()  # it leaves as soon as the cancel event is set
+        self.cancel.close()
 
 
 class TrioHandleWatcher:
     """Call ``on_ready(handle)`` on the trio thread each time a watched handle fires.
 
-    ``nursery`` hosts the watching tasks (task mode); ``on_error`` gets, on the
-    trio thread, what a wait or ``on_ready`` raised (the handle is then no
-    longer watched). ``wait_for_object`` replaces
-    ``trio.lowlevel.WaitForSingleObject`` (tests on Linux give one built on a
-    stand-in kernel32).
+    ``nursery`` hosts the watching tasks; ``on_error`` gets, on the trio thread,
+    what a wait or ``on_ready`` raised (the handle is then no longer watched).
+    Create it, and call its methods, on the trio thread.
     """
 
     def __init__(
@@ -43,18 +82,14 @@ class TrioHandleWatcher:
         nursery: trio.Nursery,
         on_error: Callable[[BaseException], None],
         *,
-        wait_for_object: WaitForObject | None = None,
-        thread: bool | None = None,
+        thread: bool = False,
     ) -> None:
         self._nursery = nursery
         self._on_error = on_error
-        wait = wait_for_object or getattr(trio.lowlevel, "WaitForSingleObject", None)
-        self._wait: WaitForObject | None = wait
-        self.uses_thread = thread if thread is not None else wait is None
-        if not self.uses_thread and wait is None:
-            raise RuntimeError("trio.lowlevel.WaitForSingleObject exists on Windows only")
+        self.uses_thread = thread
         self._token = trio.lowlevel.current_trio_token()
-        self._scopes: dict[int, trio.CancelScope] = {}
+        self._watches: dict[int, _Watch] = {}
+        self._limiter = trio.CapacityLimiter(math.inf)  # a wait holds its thread for long
         self._waiter: HandleWaiterThread | None = None
         self._on_ready: Callable[[int], None] | None = None
 
@@ -69,28 +104,28 @@ class TrioHandleWatcher:
             self._restart(watched)
             return
         for handle in handles:
-            if handle not in self._scopes:
-                scope = trio.CancelScope()
-                self._scopes[handle] = scope
-                self._nursery.start_soon(self._watch_one, handle, scope)
+            if handle not in self._watches:
+                watch = _Watch(trio.CancelScope(), win.Event(manual_reset=True))
+                self._watches[handle] = watch
+                self._nursery.start_soon(self._watch_one, handle, watch)
 
     def forget(self, handle: int) -> None:
         if self.uses_thread:
             if self._waiter is not None and handle in self._waiter.handles:
                 self._restart([h for h in self._waiter.handles if h != handle])
             return
-        scope = self._scopes.pop(handle, None)
-        if scope is not None:
-            scope.cancel()
+        watch = self._watches.pop(handle, None)
+        if watch is not None:
+            watch.end()
 
     def stop(self) -> None:
-        """Stop watching every handle (the thread mode returns once its thread has ended)."""
+        """Stop watching every handle; returns once no thread waits on any of them."""
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.stop()
-        scopes, self._scopes = self._scopes, {}
-        for scope in scopes.values():
-            scope.cancel()
+        watches, self._watches = self._watches, {}
+        for watch in watches.values():
+            watch.end()
 
     # --- the two ways of waiting ---------------------------------------------------------
 
@@ -104,21 +139,19 @@ class TrioHandleWatcher:
             self.forget(handle)
             self._on_error(exc)
 
-    async def _watch_one(self, handle: int, scope: trio.CancelScope) -> None:
-        wait = self._wait
-        assert wait is not None
-        with scope:
+    async def _watch_one(self, handle: int, watch: _Watch) -> None:
+        with watch.scope:
             try:
                 while True:
-                    await wait(handle)
-                    if self._scopes.get(handle) is not scope:
-                        return
+                    fired = await trio.to_thread.run_sync(
+                        watch.wait, handle, abandon_on_cancel=True, limiter=self._limiter
+                    )
+                    if fired != 0 or self._watches.get(handle) is not watch:
+                        return  # the cancel event: forget() or stop()
                     self._ready(handle)  # resets the handle before reading
-                    # WaitForSingleObject returns at once, with no checkpoint, on a
-                    # handle still signalled: let the other tasks run.
-                    await trio.lowlevel.checkpoint()
             except Exception as exc:
-                self._scopes.pop(handle, None)
+                if self._watches.pop(handle, None) is watch:
+                    watch.end()
                 self._on_error(exc)
 
     def _restart(self, handles: list[int]) -> None:

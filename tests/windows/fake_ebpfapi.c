@@ -35,6 +35,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,7 @@ typedef int32_t fd_t;
 #define EBPF_SUCCESS 0
 #define EBPF_INVALID_FD 4
 #define EBPF_INVALID_ARGUMENT 6
+#define EBPF_OUT_OF_SPACE 29
 #define LOCK_BIT (1u << 31)
 #define DISCARD_BIT (1u << 30)
 #define HEADER 8u
@@ -447,6 +449,33 @@ out:
     unref(m);
     pthread_mutex_unlock(&m_lock);
     return result;
+}
+
+/* The exported API a test on real Windows uses too (include/bpf/bpf.h, include/ebpf_api.h). */
+int bpf_map_create(uint32_t map_type, const char *map_name, uint32_t key_size, uint32_t value_size,
+                   uint32_t max_entries, const void *opts) {
+    (void)key_size;
+    (void)value_size;
+    (void)opts;
+    int fd = fake_map_create(map_type, max_entries, map_name);
+    if (fd < 0)
+        errno = -fd;
+    return fd;
+}
+
+/* Writes on the calling thread's CPU, as the kernel's map write does (a test pins its thread). */
+int ebpf_perf_event_array_map_write(fd_t fd, const void *data, size_t length) {
+    if (!data || !length)
+        return EBPF_INVALID_ARGUMENT;
+    pthread_mutex_lock(&m_lock);
+    map_t *m = map_of(fd);
+    int ncpus = m ? m->ncpus : 1;
+    pthread_mutex_unlock(&m_lock);
+    if (!m)
+        return EBPF_INVALID_FD;
+    int cpu = sched_getcpu();
+    int result = fake_output(fd, (uint32_t)(cpu < 0 ? 0 : cpu % ncpus), data, (uint32_t)length);
+    return result == 0 ? EBPF_SUCCESS : result == -ENOSPC ? EBPF_OUT_OF_SPACE : EBPF_INVALID_ARGUMENT;
 }
 
 uint64_t fake_lost(int fd, uint32_t cpu) {

@@ -15,6 +15,9 @@ from aperf._source import RingConfig
 
 from .conftest import BPF_MAP_TYPE_RINGBUF, FakeEbpf
 
+pytestmark = pytest.mark.standin
+
+
 CONFIG = RingConfig(None, Wakeup.per_sample())
 
 
