@@ -15,6 +15,7 @@ layout, bottom up (nothing imports upward):
 
 from . import decoders as decoders
 from ._errors import AperfError as AperfError
+from ._errors import ArgumentError as ArgumentError
 from ._errors import BrokenRingError as BrokenRingError
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ClosedResourceError as ClosedResourceError
@@ -27,6 +28,7 @@ from ._errors import MissingPrivilegesError as MissingPrivilegesError
 from ._errors import ObjectError as ObjectError
 from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
+from ._errors import PinnedPathError as PinnedPathError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import UnknownNameError as UnknownNameError
 from ._errors import VerifierError as VerifierError
@@ -52,6 +54,7 @@ __version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 __all__ = [
     "DEFAULT_PAGES",
     "AperfError",
+    "ArgumentError",
     "BPFObject",
     "BadSample",
     "BrokenRingError",
@@ -73,6 +76,7 @@ __all__ = [
     "ObjectStateError",
     "PerfBuffer",
     "PerfStream",
+    "PinnedPathError",
     "Program",
     "RingSizeError",
     "Sample",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import re
+from typing import Any
 
 
 class AperfError(Exception):
@@ -87,14 +88,33 @@ class ObjectFileError(ObjectError, LibbpfError):
         return f"cannot open BPF object {self.path!r}: {self.detail} ({self._failure()})"
 
 
-class UnknownNameError(ObjectError, LookupError):
-    """No map, program or global of that name exists; the message lists those that do."""
+class UnknownNameError(ObjectError, KeyError):
+    """No map, program or global of that name exists; the message lists those that do.
+
+    A :class:`KeyError` (hence a :class:`LookupError`), so that ``obj.maps`` and
+    ``obj.programs`` follow the Mapping protocol: ``in`` and ``.get()`` see a miss.
+    """
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         super().__init__(f"no {kind} named {name!r}; known: {', '.join(sorted(known)) or 'none'}")
         self.kind = kind
         self.name = name
         self.known = known
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError would show the message in quotes
+
+
+class ArgumentError(AperfError, ValueError):
+    """An argument aperf cannot hand to the kernel; ``argument`` names it.
+
+    E.g. a map key or value of the wrong size, unknown update flags, a path with
+    a NUL byte. Arguments of the wrong type raise :class:`TypeError` instead.
+    """
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 class GlobalValueError(ObjectError, ValueError):
@@ -103,6 +123,24 @@ class GlobalValueError(ObjectError, ValueError):
 
 class ObjectStateError(ObjectError):
     """The operation is not allowed in the object's current state (e.g. set_global after load)."""
+
+
+class PinnedPathError(LibbpfError):
+    """A path in bpffs cannot hold or give a pinned BPF object.
+
+    It is not on a BPF filesystem (``mount -t bpf bpf /sys/fs/bpf``), is a
+    directory, holds no BPF object, holds another object than expected, or is
+    already taken. ``path`` and ``reason`` say which; ``errno`` is the kernel's.
+    """
+
+    def __init__(self, path: str, reason: str, err: int, function: str) -> None:
+        super().__init__(err, function)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        context = f"{self.detail}: " if self.detail else ""
+        return f"{context}{self.path!r} {self.reason} ({self._failure()})"
 
 
 class VerifierError(ObjectError, LibbpfError):
@@ -153,6 +191,7 @@ class BrokenRingError(AperfError):
     def __init__(self, cpu: int, reason: str) -> None:
         super().__init__(f"perf ring of CPU {cpu} is corrupt and was stopped: {reason}")
         self.cpu = cpu
+        self.partial: list[Any] = []  # the intact records before the corrupt one
 
 
 class DecodeError(AperfError, ValueError):

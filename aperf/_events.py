@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Union
 
 from ._errors import DecodeError
 
-T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:
+    from typing_extensions import TypeVar
+
+# What the decoder returns; a bare Sample (or PerfStream) means Sample[Any].
+T = TypeVar("T", default=Any)
 
 if sys.version_info >= (3, 11) or TYPE_CHECKING:
 
@@ -102,20 +107,25 @@ class StreamStatistics:
 
     @property
     def samples(self) -> int:
+        """Samples taken out of the rings, all CPUs."""
         return sum(c.samples for c in self.cpus)
 
     @property
     def lost(self) -> int:
+        """Samples the kernel dropped, all CPUs."""
         return sum(c.lost for c in self.cpus)
 
     @property
     def bytes(self) -> int:
+        """Bytes taken out of the rings, all CPUs."""
         return sum(c.bytes for c in self.cpus)
 
     @property
     def wakeups(self) -> int:
+        """Kernel wakeups, all CPUs."""
         return sum(c.wakeups for c in self.cpus)
 
     @property
     def decode_errors(self) -> int:
+        """Samples the decoder refused, all CPUs."""
         return sum(c.decode_errors for c in self.cpus)

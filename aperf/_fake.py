@@ -30,17 +30,21 @@ class FakeRingMemory:
         self.tail = 0
 
     def positions(self) -> tuple[int, int]:
+        """(head, tail): bytes ever written, and bytes ever released."""
         return self.head, self.tail
 
     def copy(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` of the data area."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise IndexError(f"{length} bytes at {offset} are outside a {self.size}-byte ring")
         return bytes(self.data[offset : offset + length])
 
     def set_tail(self, tail: int) -> None:
+        """Release everything below ``tail``."""
         self.tail = tail
 
     def free_bytes(self) -> int:
+        """Room left in the ring."""
         return self.size - (self.head - self.tail)
 
     def write(self, record: bytes) -> bool:
@@ -156,6 +160,7 @@ class FakeRingSource:
         self._exact = exact_lost
         self._lock = threading.Lock()
         self._rings: dict[int, _FakeRing] = {}
+        self._dropped_at_free: dict[int, int] = {}
         self._wakeup = Wakeup.per_sample()
         self._events, self._watermark = 1, 0
 
@@ -163,13 +168,16 @@ class FakeRingSource:
 
     @property
     def ring_bytes(self) -> int:
+        """Bytes of each ring (a stream's ``pages``/``ring_bytes`` override it at open)."""
         return self._ring_bytes
 
     @property
     def memory_bytes(self) -> int:
+        """Bytes of all rings."""
         return len(self.cpus) * self._ring_bytes
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
+        """Create the rings for a reader (the RingSource protocol; streams call it)."""
         with self._lock:
             if self._rings:
                 raise BusyResourceError(f"fake ring source {self.name!r} is already open")
@@ -188,13 +196,27 @@ class FakeRingSource:
             return list(rings.values())
 
     def acknowledge(self, handle: int) -> None:
+        """Clear a ring's readiness before it is read (the RingSource protocol)."""
         for ring in self._rings.values():
             if ring.handle == handle:
                 ring._ready.clear()
 
+    def after_fork(self) -> None:
+        """In a child: the memory is a private copy; close the child's eventfds only.
+
+        No lock: one held by another thread at the fork stays held in the child.
+        """
+        self._lock = threading.Lock()
+        rings, self._rings = self._rings, {}
+        for ring in rings.values():
+            ring._ready.close()
+
     def free(self) -> None:
+        """Close the rings' fds (the RingSource protocol; idempotent; write() then fails)."""
         with self._lock:
             rings, self._rings = self._rings, {}
+            if rings:
+                self._dropped_at_free = {cpu: ring.dropped for cpu, ring in rings.items()}
         for ring in rings.values():
             ring._ready.close()
 
@@ -252,9 +274,12 @@ class FakeRingSource:
             ring._ready.signal()
 
     def dropped(self, cpu: int) -> int:
-        """Samples dropped on ``cpu``'s ring since it opened (what the kernel counts)."""
+        """Samples dropped on ``cpu``'s ring since it last opened (what the kernel counts)."""
+        if cpu not in self.cpus:
+            raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
         with self._lock:
-            return self._ring(cpu).dropped
+            ring = self._rings.get(cpu)
+            return ring.dropped if ring is not None else self._dropped_at_free.get(cpu, 0)
 
     def pending_bytes(self, cpu: int) -> int:
         """Bytes written to ``cpu``'s ring and not yet taken by a reader."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import TypeVar
 
 from . import _libbpf as lb
-from ._btf import global_slot
+from ._btf import GlobalSlot, global_slot
 from ._errors import (
     ClosedResourceError,
     GlobalValueError,
@@ -23,8 +24,6 @@ from ._errors import (
 from ._log import log
 
 BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
-# PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
-_PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})
 _V = TypeVar("_V")
 
 
@@ -34,7 +33,10 @@ def _last_line(text: str) -> str:
 
 
 class _NameTable(Mapping[str, _V]):
-    """A read-only name -> item mapping whose misses raise :class:`UnknownNameError`."""
+    """A read-only name -> item mapping whose misses raise :class:`UnknownNameError`.
+
+    That error is a KeyError, so ``in`` and ``.get()`` answer False / None.
+    """
 
     def __init__(self, kind: str, items: dict[str, _V]) -> None:
         self._kind = kind
@@ -46,6 +48,9 @@ class _NameTable(Mapping[str, _V]):
         except KeyError:
             raise UnknownNameError(self._kind, name, list(self._items)) from None
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 
@@ -56,18 +61,84 @@ class _NameTable(Mapping[str, _V]):
         return f"<{self._kind}s {', '.join(self._items)}>"
 
 
-class Map:
-    """A map of a :class:`BPFObject`. ``fd`` is valid from load until the object closes."""
+class _Handle:
+    """The libbpf object and the links made from its programs: freed once, links first.
+
+    Shared by the :class:`BPFObject` and its finalizer, which must not hold the object.
+    """
+
+    __slots__ = ("links", "ptr")
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+        self.links: set[int] = set()
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        links, self.links = self.links, set()
+        failure: LibbpfError | None = None
+        for link in links:
+            try:
+                lb.bpf_link__destroy(link)  # frees the link even when detaching fails
+            except LibbpfError as exc:
+                failure = failure or exc
+        if ptr:
+            lb.bpf_object__close(ptr)
+        if failure is not None:
+            raise failure
+
+
+class _Part:
+    """A map or program: memory inside a :class:`BPFObject`, freed when that object closes.
+
+    Every C call takes the pointer from :attr:`_ptr`, which refuses once the
+    object is closed: one guard instead of a check in each accessor.
+    """
+
+    _kind = "part"
+
+    def __init__(self, owner: BPFObject, ptr: int, name: str) -> None:
+        self._owner = owner
+        self._raw = ptr
+        self.name = name
+
+    def _check_open(self) -> None:
+        if not self._owner._handle.ptr:
+            raise ClosedResourceError(
+                f"{self._kind} {self.name!r} belongs to BPF object {self._owner.path!r}, "
+                "which is closed"
+            )
+
+    @property
+    def _ptr(self) -> int:
+        self._check_open()
+        return self._raw
+
+    def _state(self) -> str:
+        return " (closed)" if self._owner.closed else ""
+
+
+class Map(_Part):
+    """A map of a :class:`BPFObject`. ``fd`` is valid from load until the object closes.
+
+    After the object closes, everything but ``name``, ``closed`` and ``object``
+    raises :class:`ClosedResourceError`.
+    """
+
+    _kind = "map"
 
     def __init__(self, owner: BPFObject, ptr: int) -> None:
-        self._owner = owner
-        self._ptr = ptr
-        self.name: str = lb.cstr(lb.bpf_map__name(ptr))
-        self.type: int = int(lb.bpf_map__type(ptr))
+        super().__init__(owner, ptr, lb.cstr(lb.bpf_map__name(ptr)))
+        self._layout: lb.MapLayout | None = None  # known once loaded, fixed from then on
+
+    @property
+    def type(self) -> int:
+        """The map type (``BPF_MAP_TYPE_*``)."""
+        return int(lb.bpf_map__type(self._ptr))
 
     @property
     def fd(self) -> int:
-        self._owner._check_open()
+        """The map's fd (valid from load until the object closes)."""
         fd = int(lb.bpf_map__fd(self._ptr))
         if fd < 0:
             raise ObjectStateError(f"map {self.name!r} has no fd before the object is loaded")
@@ -75,64 +146,112 @@ class Map:
 
     @property
     def max_entries(self) -> int:
-        self._owner._check_open()
+        """How many entries the map holds (for a perf event array: CPU slots)."""
         return int(lb.bpf_map__max_entries(self._ptr))
 
     @property
+    def key_size(self) -> int:
+        """Bytes of one key (0 for queues and stacks)."""
+        return int(lb.bpf_map__key_size(self._ptr))
+
+    @property
     def value_size(self) -> int:
-        self._owner._check_open()
+        """Bytes of one value (per-CPU maps: of one CPU's value)."""
         return int(lb.bpf_map__value_size(self._ptr))
 
     @property
     def closed(self) -> bool:
+        """Whether the map's object is closed (the map with it)."""
         return self._owner.closed
 
     @property
     def per_cpu(self) -> bool:
-        return self.type in _PER_CPU_MAP_TYPES
+        """Whether each value holds one slot per possible CPU (the per-CPU map types)."""
+        return self.type in lb.PER_CPU_MAP_TYPES
 
-    def lookup(self, key: bytes) -> bytes:
-        """The value stored under ``key`` (per-CPU maps: one 8-byte-aligned slot per CPU)."""
-        size = self.value_size
-        if self.per_cpu:
-            size = ((size + 7) & ~7) * int(lb.libbpf_num_possible_cpus())
-        return lb.map_lookup(self.fd, key, size)
+    def _element(self) -> tuple[int, lb.MapLayout]:
+        fd = self.fd
+        if self._layout is None:
+            self._layout = lb.MapLayout.of(
+                repr(self.name), self.type, self.key_size, self.value_size
+            )
+        return fd, self._layout
 
-    def update(self, key: bytes, value: bytes) -> None:
-        lb.map_update(self.fd, key, value)
+    def lookup(self, key: bytes | bytearray | memoryview) -> bytes:
+        """The value stored under ``key`` (per-CPU maps: one 8-byte-aligned slot per CPU).
+
+        ``key`` must be exactly ``key_size`` bytes, else :class:`ArgumentError`.
+        """
+        fd, layout = self._element()
+        return lb.map_lookup(fd, key, layout=layout)
+
+    def update(
+        self, key: bytes | bytearray | memoryview, value: bytes | bytearray | memoryview,
+        flags: int = 0,
+    ) -> None:
+        """Store ``value`` under ``key``, both of exactly the map's sizes.
+
+        ``key`` is ``key_size`` bytes, ``value`` is ``value_size`` bytes (per-CPU
+        maps: a value for every possible CPU, each padded to 8 bytes); anything
+        else raises :class:`ArgumentError` before the kernel reads our memory.
+
+        ``flags``: 0 (``BPF_ANY``), 1 (``BPF_NOEXIST``), 2 (``BPF_EXIST``),
+        optionally ``| 4`` (``BPF_F_LOCK``). Anything else: :class:`ArgumentError`.
+        """
+        fd, layout = self._element()
+        lb.map_update(fd, key, value, flags, layout=layout)
 
     def pin(self, path: str | os.PathLike[str]) -> None:
-        """Pin the map in bpffs (``/sys/fs/bpf/...``) so that other processes can open it."""
-        self._owner._check_open()
-        lb.pin_map(self._ptr, os.fspath(path))
+        """Pin the map in bpffs (``/sys/fs/bpf/...``) so that other processes can open it.
+
+        The directory must exist. :class:`PinnedPathError` if ``path`` is taken
+        or not on a BPF filesystem; a failed pin leaves nothing behind.
+        """
+        fd = self.fd
+        lb.pin_object(fd, lb.c_path(path, "path"))
 
     def unpin(self, path: str | os.PathLike[str]) -> None:
-        self._owner._check_open()
-        lb.unpin_map(self._ptr, os.fspath(path))
+        """Remove this map's pin at ``path``; a pin of anything else there is left alone."""
+        fd = self.fd
+        lb.unpin_object(fd, lb.c_path(path, "path"), f"map {self.name!r}")
 
     @property
     def object(self) -> BPFObject:
+        """The BPF object the map belongs to."""
         return self._owner
 
     def __repr__(self) -> str:
-        return f"<aperf.Map {self.name!r} type={self.type}>"
+        return f"<aperf.Map {self.name!r}{self._state()}>"
 
 
 class Link:
-    """An attachment of a program to its hook; ``detach()`` (idempotent) removes it."""
+    """An attachment of a program to its hook; ``detach()`` (idempotent) removes it.
+
+    ``attached`` raises :class:`ClosedResourceError` once the object is closed
+    (closing detached it); ``detach()`` stays a harmless no-op.
+    """
 
     def __init__(self, program: Program, ptr: int) -> None:
         self.program = program
-        self._ptr = ptr
+        self._raw = ptr
+
+    @property
+    def _ptr(self) -> int:
+        """The libbpf link, 0 once detached."""
+        self.program._check_open()
+        return self._raw
 
     @property
     def attached(self) -> bool:
+        """Whether the link still attaches its program (False once detached)."""
         return bool(self._ptr)
 
     def detach(self) -> None:
-        ptr, self._ptr = self._ptr, 0
+        """Remove the attachment (idempotent)."""
+        ptr, self._raw = self._raw, 0
         if ptr:
             self.program._links.remove(self)
+            self.program._owner._handle.links.discard(ptr)
             lb.bpf_link__destroy(ptr)
 
     def __enter__(self) -> Link:
@@ -141,48 +260,65 @@ class Link:
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
+    def __repr__(self) -> str:
+        state = "detached" if not self._raw else "attached"
+        return f"<aperf.Link of {self.program.name!r} {state}>"
 
-class Program:
-    """A program of a :class:`BPFObject`."""
+
+class Program(_Part):
+    """A program of a :class:`BPFObject`.
+
+    After the object closes, everything but ``name``, ``section``, ``closed``
+    and the no-op ``detach()`` raises :class:`ClosedResourceError`.
+    """
+
+    _kind = "program"
 
     def __init__(self, owner: BPFObject, ptr: int) -> None:
-        self._owner = owner
-        self._ptr = ptr
+        super().__init__(owner, ptr, lb.cstr(lb.bpf_program__name(ptr)))
         self._links: list[Link] = []
-        self.name: str = lb.cstr(lb.bpf_program__name(ptr))
         self.section: str = lb.cstr(lb.bpf_program__section_name(ptr))
 
     @property
     def type(self) -> int:
+        """The program type (``BPF_PROG_TYPE_*``)."""
         return int(lb.bpf_program__type(self._ptr))
 
     @property
     def fd(self) -> int:
-        self._owner._check_open()
+        """The program's fd (valid from load until the object closes)."""
         fd = int(lb.bpf_program__fd(self._ptr))
         if fd < 0:
             raise ObjectStateError(f"program {self.name!r} has no fd before the object is loaded")
         return fd
 
     @property
+    def closed(self) -> bool:
+        """Whether the program's object is closed (the program with it)."""
+        return self._owner.closed
+
+    @property
     def links(self) -> tuple[Link, ...]:
+        """The attachments made through attach() and not yet detached."""
+        self._check_open()
         return tuple(self._links)
 
     def attach(self) -> Link:
         """Attach to the hook named by the program's section (e.g. ``tp/sched/...``)."""
-        self._owner._check_open()
+        ptr = self._ptr
         if not self._owner.loaded:
             raise ObjectStateError(f"load the object before attaching program {self.name!r}")
         with lb.capture_log() as captured:
             try:
-                ptr = lb.attach_program(self._ptr)
+                link_ptr = lb.attach_program(ptr)
             except LibbpfError as exc:
                 exc.log = captured.text
                 exc.detail = f"attaching {self.name!r} ({self.section}): {_last_line(exc.log)}"
                 if exc.errno == errno.ENOENT and self.section.startswith(("tp/", "tracepoint/")):
                     exc.detail += " (is tracefs mounted at /sys/kernel/tracing?)"
                 raise
-        link = Link(self, ptr)
+        self._owner._handle.links.add(link_ptr)
+        link = Link(self, link_ptr)
         self._links.append(link)
         return link
 
@@ -192,7 +328,7 @@ class Program:
             link.detach()
 
     def __repr__(self) -> str:
-        return f"<aperf.Program {self.name!r} section={self.section!r}>"
+        return f"<aperf.Program {self.name!r} section={self.section!r}{self._state()}>"
 
 
 class BPFObject:
@@ -202,14 +338,16 @@ class BPFObject:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._ptr = 0
+        self._handle = _Handle(0)
         self._loaded = False
-        self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise ObjectFileError(self.path, errno.ENOENT, "bpf_object__open_file", "no such file")
+        self._maps: _NameTable[Map] = _NameTable("map", {})
+        self._programs: _NameTable[Program] = _NameTable("program", {})
+        raw = lb.c_path(path, "path")
+        self.path = os.fsdecode(raw)
+        self._check_regular_file()
         with lb.capture_log() as captured:
             try:
-                self._ptr = lb.open_object(self.path)
+                ptr = lb.open_object(raw)
             except LibbpfError as exc:
                 assert exc.errno is not None
                 reason = _last_line(captured.text) if captured.text.strip() else exc.strerror
@@ -219,11 +357,34 @@ class BPFObject:
                 )
                 error.log = captured.text
                 raise error from None
-        self._finalizer = weakref.finalize(self, lb.bpf_object__close, self._ptr)
-        self.name: str = lb.cstr(lb.bpf_object__name(self._ptr))
-        self._maps = _NameTable("map", {m.name: m for m in self._collect_maps()})
-        programs = [Program(self, ptr) for ptr in lb.iter_programs(self._ptr)]
-        self._programs = _NameTable("program", {p.name: p for p in programs})
+        self._handle = _Handle(ptr)
+        self._finalizer = weakref.finalize(self, self._handle.free)
+        try:
+            self.name: str = lb.cstr(lb.bpf_object__name(ptr))
+            self._maps = _NameTable("map", {m.name: m for m in self._collect_maps()})
+            programs = [Program(self, p) for p in lb.iter_programs(ptr)]
+            self._programs = _NameTable("program", {p.name: p for p in programs})
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_regular_file(self) -> None:
+        # libbpf 1.1 leaks its fd when libelf refuses what it opened (a
+        # directory), and blocks for ever opening a FIFO: only regular files go in.
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            assert exc.errno is not None
+            reason = "no such file" if exc.errno == errno.ENOENT else exc.strerror
+            raise ObjectFileError(
+                self.path, exc.errno, "bpf_object__open_file", str(reason)
+            ) from None
+        if not stat.S_ISREG(st.st_mode):
+            is_dir = stat.S_ISDIR(st.st_mode)
+            raise ObjectFileError(
+                self.path, errno.EISDIR if is_dir else errno.EINVAL, "bpf_object__open_file",
+                f"{'a directory' if is_dir else 'not a regular file'}, not a BPF object file",
+            )
 
     def _collect_maps(self) -> list[Map]:
         return [Map(self, ptr) for ptr in lb.iter_maps(self._ptr)]
@@ -232,22 +393,32 @@ class BPFObject:
 
     @property
     def closed(self) -> bool:
-        return not self._ptr
+        """Whether the object was closed (its maps, programs and links with it)."""
+        return not self._handle.ptr
 
     @property
     def loaded(self) -> bool:
+        """Whether load() succeeded."""
         return self._loaded
 
     def _check_open(self) -> None:
-        if not self._ptr:
+        if not self._handle.ptr:
             raise ClosedResourceError(f"BPF object {self.path!r} is closed")
 
     @property
+    def _ptr(self) -> int:
+        """The libbpf object; every C call takes it from here, so none runs after close."""
+        self._check_open()
+        return self._handle.ptr
+
+    @property
     def maps(self) -> Mapping[str, Map]:
+        """The object's maps by name (a read-only Mapping; a miss raises UnknownNameError)."""
         return self._maps
 
     @property
     def programs(self) -> Mapping[str, Program]:
+        """The object's programs by name (a read-only Mapping)."""
         return self._programs
 
     # --- globals -------------------------------------------------------------------
@@ -262,6 +433,20 @@ class BPFObject:
             if m.name.endswith(section):
                 return m
         raise UnknownNameError("map", f"*{section}", list(self._maps))
+
+    def _section_image(self, name: str, slot: GlobalSlot) -> tuple[Map, bytes]:
+        """The map holding ``slot`` and its current bytes, which must contain the slot."""
+        section_map = self._section_map(slot.section)
+        current = lb.map_initial_value(section_map._ptr)
+        if current is None:
+            raise ObjectStateError(f"map {section_map.name!r} has no initial value to edit")
+        if slot.offset + slot.size > len(current):  # BTF that disagrees with the ELF section
+            raise ObjectStateError(
+                f"the BTF of {self.path!r} puts global {name!r} at bytes "
+                f"{slot.offset}..{slot.offset + slot.size}, past the end of {slot.section} "
+                f"({len(current)} bytes)"
+            )
+        return section_map, current
 
     def set_global(self, name: str, value: int | bool | bytes) -> None:
         """Set a global (``const volatile`` in ``.rodata``, or ``.data``/``.bss``) before load.
@@ -294,10 +479,7 @@ class BPFObject:
                 f"global {name!r} takes {'an int' if slot.is_int else 'bytes'}, "
                 f"not {type(value).__name__}"
             )
-        section_map = self._section_map(slot.section)
-        current = lb.map_initial_value(section_map._ptr)
-        if current is None:
-            raise ObjectStateError(f"map {section_map.name!r} has no initial value to edit")
+        section_map, current = self._section_image(name, slot)
         image = bytearray(current)
         image[slot.offset : slot.offset + slot.size] = raw
         lb.set_map_initial_value(section_map._ptr, bytes(image))
@@ -306,7 +488,7 @@ class BPFObject:
         """The value a global will have (before load) or was loaded with."""
         self._check_open()
         slot = global_slot(self._btf(), name)
-        current = lb.map_initial_value(self._section_map(slot.section)._ptr) or b""
+        _, current = self._section_image(name, slot)
         raw = current[slot.offset : slot.offset + slot.size]
         return int.from_bytes(raw, "little", signed=slot.signed) if slot.is_int else raw
 
@@ -349,20 +531,27 @@ class BPFObject:
             raise
 
     def detach(self) -> None:
+        """Remove every attachment of every program."""
         for program in self._programs.values():
             program.detach()
 
     def close(self) -> None:
-        """Detach every program, then free the object and its fds. Idempotent."""
-        ptr, self._ptr = self._ptr, 0
-        if not ptr:
+        """Detach every program, then free the object and its fds. Idempotent.
+
+        Its maps, programs and links refuse use from then on
+        (:class:`ClosedResourceError`) instead of reading freed memory.
+        """
+        if self.closed:
             return
         self._finalizer.detach()
         try:
-            for program in self._programs.values():
-                program.detach()
+            self.detach()
         finally:
-            lb.bpf_object__close(ptr)
+            for program in self._programs.values():
+                for link in program._links:
+                    link._raw = 0  # the handle destroys what detach() did not reach
+                program._links.clear()
+            self._handle.free()
 
     def __enter__(self) -> BPFObject:
         return self

@@ -120,10 +120,12 @@ class Wakeup:
 
     @property
     def batched(self) -> bool:
+        """Whether the kernel wakes the reader less than once per sample (a drain timer runs)."""
         return self.events != 1
 
     @classmethod
     def per_sample(cls) -> Wakeup:
+        """Wake the reader for every sample (libbpf's default; no drain timer)."""
         return cls(events=1)
 
     @classmethod
@@ -134,6 +136,7 @@ class Wakeup:
         idle_latency: float | None = None,
         idle_after: float = 1.0,
     ) -> Wakeup:
+        """Wake the reader every ``samples`` samples; a drain timer takes the rest."""
         if not _is_int(samples) or samples < 1:
             raise ValueError(f"Wakeup.every needs an int of at least 1 sample, not {samples!r}")
         if samples == 1:
@@ -151,6 +154,7 @@ class Wakeup:
         idle_latency: float | None = None,
         idle_after: float = 1.0,
     ) -> Wakeup:
+        """Wake the reader when ``nbytes`` are pending; a drain timer takes the rest."""
         if not _is_int(nbytes) or nbytes < 1:
             raise ValueError(f"Wakeup.watermark needs an int of at least 1 byte, not {nbytes!r}")
         return cls(
@@ -162,6 +166,7 @@ class Wakeup:
     def balanced(
         cls, max_latency: float = 0.001, idle_latency: float = 0.050, idle_after: float = 1.0
     ) -> Wakeup:
+        """A quarter-ring watermark, a 1 ms drain timer, 50 ms when idle (the default)."""
         return cls(
             watermark_fraction=0.25, max_latency=max_latency, idle_latency=idle_latency,
             idle_after=idle_after,
@@ -169,6 +174,7 @@ class Wakeup:
 
     @classmethod
     def throughput(cls) -> Wakeup:
+        """A half-ring watermark, a 10 ms drain timer, 250 ms when idle."""
         return cls(watermark_fraction=0.5, max_latency=0.010, idle_latency=0.250)
 
     @classmethod

@@ -110,13 +110,27 @@ def split_span(cpu: int, span: bytes) -> tuple[list[Segment], int]:
     it) with a flag saying they all have one size, or a lost count (``int``).
     Runs of identical sample records, the common case of one program emitting
     one struct, are cut out at C speed with ``struct.iter_unpack``, also between
-    lost records. Raises :class:`BrokenRingError` on a record that does not fit.
+    lost records. Raises :class:`BrokenRingError` on a record that does not fit;
+    its ``partial`` holds the segments before it, which are intact.
     """
     segments: list[Segment] = []
+    single: list[bytes] = []  # samples parsed one at a time, not yet a segment
+    try:
+        other = _split(cpu, span, segments, single)
+    except BrokenRingError as exc:
+        if single:
+            segments.append((single, False))
+        exc.partial = segments
+        raise
+    if single:
+        segments.append((single, False))
+    return segments, other
+
+
+def _split(cpu: int, span: bytes, segments: list[Segment], single: list[bytes]) -> int:
     other = 0
     end = len(span)
     pos = 0
-    single: list[bytes] | None = None  # samples parsed one at a time
     fast = True  # cleared for the rest of the span once a run fails to verify
     unpack_header = _HEADER.unpack_from
     unpack_raw = _RAW_SIZE.unpack_from
@@ -137,32 +151,28 @@ def split_span(cpu: int, span: bytes) -> tuple[list[Segment], int]:
                 if stop > pos:
                     cut = struct.Struct(f"12x{raw}s{size - 12 - raw}x")
                     payloads = [p for (p,) in cut.iter_unpack(span[pos:stop])]
-                    if single is not None:
-                        segments.append((single, False))
-                        single = None
+                    if single:
+                        segments.append((single.copy(), False))
+                        single.clear()
                     segments.append((payloads, True))
                     pos = stop
                     continue
                 # A failed check is not retried record by record (that would be
                 # quadratic); the next lost record starts a fresh attempt.
                 fast = stop == pos
-            if single is None:
-                single = []
             single.append(span[pos + 12 : pos + 12 + raw])
         elif kind == PERF_RECORD_LOST:
             if size < 24:
                 raise BrokenRingError(cpu, f"lost record at byte {pos} is only {size} bytes")
-            if single is not None:
-                segments.append((single, False))
-                single = None
+            if single:
+                segments.append((single.copy(), False))
+                single.clear()
             segments.append(_LOST_COUNT.unpack_from(span, pos + 16)[0])
             fast = True
         else:
             other += 1
         pos += size
-    if single is not None:
-        segments.append((single, False))
-    return segments, other
+    return other
 
 
 def encode_sample(payload: bytes) -> bytes:

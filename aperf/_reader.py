@@ -216,15 +216,16 @@ class Reader:
             self._pause(key)
             return 0
         self.stalled.discard(key)
+        failure: BrokenRingError | None = None
         try:
             span = ring.take()
             if not span:
                 return 0
             segments, other = self.split(key, span)
         except BrokenRingError as exc:
+            # The records before the corrupt one are intact: hand them over, then fail.
             self._retire(ring)
-            self.push_failure(exc)
-            return 1
+            failure, segments, other, span = exc, exc.partial, 0, b""
         counters = self.counters[key]
         counters[_BYTES] += len(span)
         counters[_OTHER] += other
@@ -239,6 +240,9 @@ class Reader:
                 counters[_SAMPLES] += len(payloads)
                 added += len(payloads)
         self.pending += added
+        if failure is not None:
+            self.push_failure(failure)
+            return added + 1
         if len(span) > self._full_mark and key in self._lost_base:
             added += self._report_unannounced(key)
         return added
@@ -367,18 +371,17 @@ class Reader:
         front of it.
         """
         held = self.held
+        out: list[Any] = []
         if held:
-            if len(held) <= max_items:
-                batch = list(held)
-                held.clear()
-                return batch
-            return [held.popleft() for _ in range(max_items)]
+            if len(held) >= max_items:
+                return [held.popleft() for _ in range(max_items)]
+            out = list(held)
+            held.clear()
         if self.paused:
             self._maybe_resume()
         elif self.rings:
             self._drain_filling()
         queue = self.queue
-        out: list[Any] = []
         while queue and len(out) < max_items:
             seg = queue[0]
             cls = seg.__class__

@@ -101,3 +101,9 @@ class RingSource(Protocol):
     def free(self) -> None:
         """Release the rings and handles (idempotent). No ring may be read afterwards."""
         ...
+
+    def after_fork(self) -> None:
+        """In a child process that inherited the open source: close this process's
+        copies of the handles and release nothing shared with the parent (memory,
+        map slots). Nothing may be read afterwards."""
+        ...

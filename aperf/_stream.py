@@ -6,23 +6,62 @@ reader's deadline, and for the consumer. What to do then is the reader's.
 
 from __future__ import annotations
 
+import inspect
 import struct
 import threading
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import Event, StreamStatistics
+from ._events import Event, StreamStatistics, T
+from ._lifetime import forked_error, track, untrack, weak_callback
 from ._log import log
 from ._loops import LoopBinding, current_binding
 from ._options import Wakeup
 from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
 from ._setup import ReaderOptions, SourceSpec
 
-T = TypeVar("T")
 Callback = Callable[[Any], Any]
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
+
+
+class _Held:
+    """What an open stream holds: released by close, or at garbage collection."""
+
+    __slots__ = ("__weakref__", "forked", "loop", "reader")
+
+    def __init__(self, loop: LoopBinding, reader: Reader) -> None:
+        self.loop = loop
+        self.reader = reader
+        self.forked = False  # set in a child process that inherited the stream
+
+    def release(self) -> None:
+        """Unwatch, then free the rings (the stream's own close drains first)."""
+        if self.forked:
+            self.reader.source.after_fork()  # never the loop: its epoll is the parent's too
+            return
+        try:
+            self.loop.stop()
+        finally:
+            self.reader.source.free()
+
+
+def _release_dropped(held: _Held, name: str) -> None:
+    """The stream was garbage-collected without being closed."""
+    warnings.warn(
+        f"unclosed PerfStream on {name}: use 'async with' or aclose(); its rings were "
+        "released at garbage collection",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    loop = held.loop
+    in_other_thread = not held.forked and loop.running() and not loop.in_loop_thread()
+    if in_other_thread and loop.call_soon_threadsafe(held.release):
+        return  # the loop thread unwatches and frees
+    held.release()
 
 
 class PerfStream(Generic[T]):
@@ -120,6 +159,8 @@ class PerfStream(Generic[T]):
             raise ValueError("on_lost and on_decode_error go with an on_sample callback")
         self._reader: Reader | None = None
         self._loop: LoopBinding | None = None
+        self._held: _Held | None = None
+        self._finalizer: Any = None  # weakref.finalize, once open
         self._timer_at: float | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -135,14 +176,20 @@ class PerfStream(Generic[T]):
         source = self._options.source
         loop = current_binding(source.handle_kind)
         reader = self._options.open(loop.time)
+        held = _Held(loop, reader)
         try:
-            loop.watch(list({ring.handle: None for ring in reader.rings.values()}), self._on_ready)
+            # Weakly: a registration must not keep a dropped stream alive.
+            handles = list({ring.handle: None for ring in reader.rings.values()})
+            loop.watch(handles, weak_callback(self._on_ready))
         except BaseException:
-            reader.close()
-            source.free()
+            held.release()
             raise
         self._reader = reader
         self._loop = loop
+        self._held = held
+        self._tick_callback = weak_callback(self._tick)
+        track(held)
+        self._finalizer = weakref.finalize(self, _release_dropped, held, source.name)
         self._sync_timer()
         log.info(
             "perf stream opened",
@@ -204,30 +251,35 @@ class PerfStream(Generic[T]):
             if self._closed:
                 return
             self._closed = True  # 1. mark closed
-        loop, reader = self._loop, self._reader
+        held, finalizer = self._held, self._finalizer
+        if finalizer is not None:
+            finalizer.detach()
+        if held is None:
+            return
+        untrack(held)
+        if held.forked:
+            held.release()  # the child's fds only; the parent's rings and loop untouched
+            return
         try:
-            if loop is not None:
-                loop.stop()  # 2. no loop callback may touch the rings from now on
-            if reader is not None:
-                reader.close()  # takes what the rings hold; forgets them
+            held.loop.stop()  # 2. no loop callback may touch the rings from now on
+            held.reader.close()  # takes what the rings hold; forgets them
         finally:
             try:
-                if reader is not None:
-                    reader.source.free()  # 3. rings unmapped, handles closed
+                held.reader.source.free()  # 3. rings unmapped, handles closed
             finally:
-                if reader is not None:
-                    reader.log_summary("perf stream closed")
+                held.reader.log_summary("perf stream closed")
                 self._wake()  # 4. a parked consumer sees the end
 
     @property
     def closed(self) -> bool:
+        """Whether the stream was closed (its queued events stay readable)."""
         return self._closed
 
     # --- loop callbacks -----------------------------------------------------------------
 
     def _on_ready(self, handle: int) -> None:
-        reader = self._reader
-        if reader is None or self._closed:
+        reader, held = self._reader, self._held
+        if reader is None or held is None or held.forked or self._closed:
             return
         try:
             added = reader.on_ready(handle)
@@ -243,8 +295,8 @@ class PerfStream(Generic[T]):
 
     def _tick(self) -> None:
         self._timer_at = None
-        reader = self._reader
-        if reader is None or self._closed:
+        reader, held = self._reader, self._held
+        if reader is None or held is None or held.forked or self._closed:
             return
         try:
             added = reader.tick()
@@ -262,7 +314,7 @@ class PerfStream(Generic[T]):
             return
         at = reader.deadline
         self._timer_at = at
-        loop.schedule(at, self._tick)
+        loop.schedule(at, self._tick_callback)
 
     def _wake(self) -> None:
         loop = self._loop
@@ -288,6 +340,8 @@ class PerfStream(Generic[T]):
             raise ClosedResourceError(
                 "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
             )
+        if self._held is not None and self._held.forked:
+            raise ClosedResourceError(forked_error("PerfStream"))
         return self._reader
 
     def _take(self, reader: Reader, max_items: int) -> list[Event[T]]:
@@ -362,7 +416,7 @@ class PerfStream(Generic[T]):
         async for batch in self.batches():
             if on_batch is not None:
                 result = on_batch(batch)
-                if result is not None and hasattr(result, "__await__"):
+                if result is not None and inspect.isawaitable(result):
                     await result
                 continue
             assert handlers is not None
@@ -386,4 +440,5 @@ class PerfStream(Generic[T]):
 
     @property
     def wakeup(self) -> Wakeup:
+        """The wakeup policy in force."""
         return self._options.wakeup

@@ -7,58 +7,131 @@ reader; the policy is the reader's, as for the async driver.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import struct
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, Protocol, overload
 
 from ._errors import ClosedResourceError
-from ._events import BadSample, Lost, Sample, StreamStatistics
+from ._events import BadSample, Lost, Sample, StreamStatistics, T
+from ._lifetime import forked_error, track, untrack
 from ._log import log
 from ._options import Wakeup
-from ._reader import DEFAULT_BATCH, DecodeErrorPolicy, Handlers, Reader
+from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
 from ._setup import ReaderOptions, SourceSpec
 from ._source import HandleKind
 
-T = TypeVar("T")
-
 
 class HandleWaiter(Protocol):
+    """What waits on a source's readiness handles without an event loop."""
+
     def wait(self, timeout: float) -> list[int]:
-        """The handles ready within ``timeout`` seconds (negative: no limit); [] on timeout."""
+        """The handles ready within ``timeout`` seconds (negative: no limit); [] on
+        timeout or :meth:`interrupt`."""
+        ...
+
+    def interrupt(self) -> None:
+        """Wake a wait in another thread (close() does, before taking the lock)."""
         ...
 
     def close(self) -> None: ...
 
 
 class _EpollWaiter:
-    """Ring fds, polled for input."""
+    """Ring fds in an epoll set, with an eventfd in that set for :meth:`interrupt`."""
 
     def __init__(self, fds: Iterable[int]) -> None:
-        self._epoll = select.epoll()
+        self.wake_fd = -1
+        self.epoll = select.epoll()
         try:
             for fd in fds:
-                self._epoll.register(fd, select.EPOLLIN)
+                self.epoll.register(fd, select.EPOLLIN)
+            self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self.epoll.register(self.wake_fd, select.EPOLLIN)
         except BaseException:
-            self._epoll.close()
+            self.close()
             raise
 
     def wait(self, timeout: float) -> list[int]:
-        return [fd for fd, _ in self._epoll.poll(timeout)]  # retries EINTR itself (PEP 475)
+        ready = []
+        for fd, _ in self.epoll.poll(timeout):  # retries EINTR itself (PEP 475)
+            if fd == self.wake_fd:
+                # close()'s, or not ours (e.g. a forked child's close)
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self.wake_fd)
+            else:
+                ready.append(fd)
+        return ready
+
+    def interrupt(self) -> None:
+        if self.wake_fd >= 0:
+            os.eventfd_write(self.wake_fd, 1)
 
     def close(self) -> None:
-        self._epoll.close()
+        self.epoll.close()
+        if self.wake_fd >= 0:
+            os.close(self.wake_fd)
+            self.wake_fd = -1
 
 
 def handle_waiter(kind: HandleKind, handles: Iterable[int]) -> HandleWaiter:
-    """What waits on a source's readiness handles without an event loop."""
     if kind == "win32":
         from ._ebpfwin import Win32Waiter
 
         return Win32Waiter(handles)
     return _EpollWaiter(handles)
+
+
+class _Held:
+    """What an open buffer holds: the reader, and a waiter on its handles that
+    close() interrupts to wake a waiting poll()."""
+
+    __slots__ = ("__weakref__", "forked", "reader", "waiter")
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.forked = False
+        try:
+            self.waiter = handle_waiter(
+                reader.source.handle_kind, {ring.handle for ring in reader.rings.values()}
+            )
+        except BaseException:
+            reader.source.free()
+            raise
+
+    def interrupt(self) -> None:
+        """Wake a poll() waiting in another thread (never from a forked child: the
+        eventfd is shared with the parent)."""
+        if not self.forked:
+            self.waiter.interrupt()
+
+    def release(self) -> None:
+        """Close the waiter, then free the rings (only the child's fds after a fork:
+        the rings and map slots are the parent's)."""
+        try:
+            self.waiter.close()
+        finally:
+            if self.forked:
+                self.reader.source.after_fork()
+            else:
+                self.reader.source.free()
+
+
+def _release_dropped(held: _Held, name: str) -> None:
+    """The buffer was garbage-collected without being closed."""
+    warnings.warn(
+        f"unclosed PerfBuffer on {name}: use 'with' or close(); its rings were released "
+        "at garbage collection",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    held.release()
 
 
 class PerfBuffer(Generic[T]):
@@ -139,40 +212,39 @@ class PerfBuffer(Generic[T]):
         self._handlers = Handlers(on_sample, on_lost, on_decode_error)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=DEFAULT_BATCH * 256, decode_errors=decode_errors,
+            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors,
         )
-        self._lock = threading.Lock()  # one poll at a time; close waits for it
-        self._waiter: HandleWaiter | None = None
-        self._reader: Reader | None = options.open(time.monotonic)
-        try:
-            self._waiter = handle_waiter(
-                options.source.handle_kind, {ring.handle for ring in self._reader.rings.values()}
-            )
-        except BaseException:
-            self.close()
-            raise
         self._wakeup = options.wakeup
+        # One caller at a time inside poll/consume; close() interrupts a waiting poll,
+        # then takes the lock, so it never frees rings under a reader. Reentrant: a
+        # callback may close the buffer it is called from.
+        self._lock = threading.RLock()
+        self._closing = False
+        self._held: _Held | None = _Held(options.open(time.monotonic))
+        self._finalizer = weakref.finalize(self, _release_dropped, self._held, options.source.name)
+        track(self._held)
+        reader = self._held.reader
         log.info("perf buffer opened", source=options.source.name,
-                 cpus=sorted(self._reader.rings), ring_bytes=self._reader.ring_bytes,
-                 wakeup=self._wakeup, lost_counter=self._reader.lost_counter)
+                 cpus=sorted(reader.rings), ring_bytes=reader.ring_bytes,
+                 wakeup=self._wakeup, lost_counter=reader.lost_counter)
 
     # --- libbpf's API -------------------------------------------------------------------
 
     @property
     def buffer_cnt(self) -> int:
         """Number of rings (one per online CPU that has a map slot)."""
-        return len(self._require_open().counters)
+        return len(self._require_open().reader.counters)
 
     @property
     def cpus(self) -> list[int]:
         """The CPU id of each ring, in order."""
-        return sorted(self._require_open().counters)
+        return sorted(self._require_open().reader.counters)
 
     def buffer_fd(self, cpu: int) -> int:
         """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
 
         On Windows: the perf buffer's wait handle, which every ring shares."""
-        ring = self._require_open().rings.get(cpu)
+        ring = self._require_open().reader.rings.get(cpu)
         if ring is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
         return ring.handle
@@ -181,51 +253,57 @@ class PerfBuffer(Generic[T]):
         """Wait up to ``timeout_ms`` (negative: for ever) and handle what is ready.
 
         Returns the number of events handled. EINTR is retried with the time
-        left; KeyboardInterrupt and callback exceptions propagate.
+        left; KeyboardInterrupt and callback exceptions propagate; a close from
+        another thread meanwhile ends the wait with ClosedResourceError.
         """
-        reader = self._require_open()
-        if reader.pending or reader.held:
-            return self._dispatch(reader)
-        waiter = self._waiter
-        assert waiter is not None
-        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
-        while True:
-            now = time.monotonic()
-            wait = -1.0 if deadline is None else max(0.0, deadline - now)
-            tick_at = reader.deadline
-            ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
-            if ticking:
-                assert tick_at is not None
-                wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
-            ready = waiter.wait(wait)
-            for handle in ready:
-                reader.on_ready(handle)
-            if not ready and ticking:
-                reader.tick()
-            if reader.pending:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
+            raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
+        with self._lock:
+            held = self._require_open()
+            reader = held.reader
+            if reader.pending or reader.held:
                 return self._dispatch(reader)
-            if deadline is not None and time.monotonic() >= deadline:
-                return 0
+            deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+            while True:
+                now = time.monotonic()
+                wait = -1.0 if deadline is None else max(0.0, deadline - now)
+                tick_at = reader.deadline
+                ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
+                if tick_at is not None and ticking:
+                    wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
+                ready = held.waiter.wait(wait)
+                if self._closing:
+                    raise ClosedResourceError("this PerfBuffer was closed while polling")
+                for handle in ready:
+                    reader.on_ready(handle)
+                if ticking and tick_at is not None and time.monotonic() >= tick_at:
+                    reader.tick()
+                if reader.pending:
+                    return self._dispatch(reader)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return 0
 
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""
-        reader = self._require_open()
-        reader.flush()
-        return self._dispatch(reader)
+        with self._lock:
+            reader = self._require_open().reader
+            reader.flush()
+            return self._dispatch(reader)
 
     def consume_buffer(self, cpu: int) -> int:
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
-        reader = self._require_open()
-        if cpu not in reader.counters:
-            raise ValueError(f"no ring for CPU {cpu!r}; rings: {sorted(reader.counters)}")
-        reader.drain(cpu, force=True)
-        return self._dispatch(reader)
+        with self._lock:
+            reader = self._require_open().reader
+            if cpu not in reader.counters:
+                raise ValueError(f"no ring for CPU {cpu!r}; rings: {sorted(reader.counters)}")
+            reader.drain(cpu, force=True)
+            return self._dispatch(reader)
 
     def flush(self) -> int:
         """Same as :meth:`consume`: hand over what sits below the wakeup threshold."""
         return self.consume()
 
-    def _dispatch(self, reader: Reader) -> int:
+    def _dispatch(self, reader: Reader) -> int:  # under self._lock
         handled = 0
         while True:
             batch = reader.take(DEFAULT_BATCH)
@@ -244,41 +322,57 @@ class PerfBuffer(Generic[T]):
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    def _require_open(self) -> Reader:
-        reader = self._reader
-        if reader is None or reader.closed:
+    def _require_open(self) -> _Held:
+        held = self._held
+        if held is None or self._closing:
             raise ClosedResourceError("this PerfBuffer is closed")
-        return reader
+        if held.forked:
+            raise ClosedResourceError(forked_error("PerfBuffer"))
+        return held
 
     @property
     def closed(self) -> bool:
-        return self._reader is None or self._reader.closed
+        """Whether the buffer was closed."""
+        return self._held is None
 
     def statistics(self) -> StreamStatistics:
         """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force."""
-        reader = self._reader
-        if reader is None:
-            raise ClosedResourceError("this PerfBuffer is closed")
-        return reader.statistics()
+        with self._lock:
+            held = self._held
+            if held is None:
+                raise ClosedResourceError("this PerfBuffer is closed")
+            return held.reader.statistics()
 
     @property
     def wakeup(self) -> Wakeup:
+        """The wakeup policy in force."""
         return self._wakeup
 
     def close(self) -> None:
-        """Stop waiting, then free the rings (fds closed, map slots deleted). Idempotent."""
-        waiter, self._waiter = self._waiter, None
-        reader = self._reader
-        try:
-            if waiter is not None:
-                waiter.close()
-        finally:
-            if reader is not None and not reader.closed:
-                try:
-                    reader.close()
-                finally:
-                    reader.source.free()
-                    reader.log_summary("perf buffer closed")
+        """Stop waiting, then free the rings (fds closed, map slots deleted). Idempotent.
+
+        From any thread: a poll() waiting in another thread is woken and raises
+        ClosedResourceError; the rings are freed once no call is inside them.
+        """
+        held = self._held
+        if held is None:
+            return
+        self._closing = True
+        held.interrupt()
+        with self._lock:
+            if self._held is None:
+                return
+            self._held = None
+            self._finalizer.detach()
+            untrack(held)
+            if held.forked:
+                held.release()
+                return
+            try:
+                held.reader.close()
+            finally:
+                held.release()
+                held.reader.log_summary("perf buffer closed")
 
     def __enter__(self) -> PerfBuffer[T]:
         return self

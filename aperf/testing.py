@@ -95,6 +95,7 @@ class Producer:
 
     @property
     def object(self) -> BPFObject:
+        """The loaded BPFObject behind the producer."""
         return self._obj
 
     @property
@@ -152,12 +153,14 @@ class Producer:
         return thread
 
     def counters(self) -> ProducerCounters:
+        """The BPF side's own counts since load."""
         values = [
             struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(4)
         ]
         return ProducerCounters(*values)
 
     def close(self) -> None:
+        """Close the BPF object (idempotent)."""
         self._obj.close()
 
     def __enter__(self) -> Producer:

@@ -27,6 +27,15 @@ struct {
  * processes living at least this long are reported on exit. */
 const volatile unsigned long long min_duration_ns = 0;
 
+/* Where comm and filename lie in struct event, for readers that want those
+ * bytes as they are: the kernel gives them no encoding, and aperf's BTF decoder
+ * turns char arrays into text (bytes that are not UTF-8 replaced). The tracer
+ * reads these with get_global() and shows the raw bytes escaped. */
+const volatile u32 event_comm_offset = __builtin_offsetof(struct event, comm);
+const volatile u32 event_comm_size = sizeof(((struct event *)0)->comm);
+const volatile u32 event_filename_offset = __builtin_offsetof(struct event, filename);
+const volatile u32 event_filename_size = sizeof(((struct event *)0)->filename);
+
 /* A real (non-inlined) subprogram taking "struct event *": its signature puts
  * struct event into the object's BTF, which user space uses to decode samples
  * (clang emits no BTF for the types of plain stack variables). */

@@ -30,7 +30,15 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "${BASE_PYTHON:-python3}" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
+# pip takes about 3 s even when nothing changed: skip it while what it installs from
+# (pyproject.toml, this script, the interpreter) is as at the last install, so that
+# scripts/tracer.sh starts at once. APERF_SETUP_FORCE=1 installs anyway.
+STAMP=.venv/.aperf-setup-stamp
+inputs=$( { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
+if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inputs" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
+    echo "$inputs" > "$STAMP"
+fi
 
 if [ ! -d /sys/kernel/tracing/events ]; then
     mount -t tracefs tracefs /sys/kernel/tracing

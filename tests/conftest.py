@@ -31,6 +31,15 @@ def pytest_asyncio_loop_factories(
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``kernel`` every test that takes the kernel fixture, even through another
+    fixture (producer, tracefs): ``-m "not kernel"`` then selects the tests that need
+    no BPF (scripts/check.sh)."""
+    for item in items:
+        if "kernel" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kernel)
+
+
 def _bpf_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "not root"

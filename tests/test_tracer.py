@@ -1,7 +1,8 @@
-"""End-to-end tests of the exec/exit tracer (examples/bootstrap_legacy.py).
+"""End-to-end tests of the exec/exit tracer: ``aperf-trace`` and its teaching version.
 
-Each test starts ``python -m examples.bootstrap_legacy`` from the repository
-root as a subprocess, makes processes of its own, and looks for their events.
+Each test starts ``python -m examples.bootstrap_legacy`` (or the packaged tool,
+``python -m aperf trace``) from the repository root as a subprocess, makes
+processes of its own, and looks for their events.
 The tracer sees every process on the machine, so assertions only consider
 events of the pids the test spawned (and their children).
 """
@@ -9,6 +10,7 @@ events of the pids the test spawned (and their children).
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
 import queue
@@ -17,6 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +36,16 @@ HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
 ROW = re.compile(r"(\d\d:\d\d:\d\d) (EXEC|EXIT)  (.{16}) (\d+ *) (\d+ *) (.*)")
 EXIT_DETAIL = re.compile(r"\[(\d+)\](?: \((\d+)ms\))?")
 LOST = re.compile(r"^Lost (\d+) events on CPU #(\d+)!$", re.MULTILINE)
+# JSON lines carry the fields that apply to the event's kind, no more.
+JSON_COMMON = {"time", "event", "cpu", "pid", "ppid", "comm", "exit_event"}
 JSON_KEYS = {
-    "time", "event", "cpu", "pid", "ppid", "exit_code", "duration_ns", "comm", "filename",
-    "exit_event",
+    "EXEC": JSON_COMMON | {"filename"},
+    "EXIT": JSON_COMMON | {"exit_code", "duration_ns"},
+}
+# The two ways to run the tracer: the teaching example, and the tool aperf installs.
+COMMANDS = {
+    "example": ["-m", "examples.bootstrap_legacy"],
+    "tool": ["-m", "aperf", "trace"],
 }
 TIMEOUT = 10.0  # seconds to wait for an event: generous, CI is a noisy 2-core VM
 
@@ -73,9 +84,11 @@ def parse_row(line: str) -> Row:
 class Tracer:
     """The tracer as a subprocess, its stdout lines readable with timeouts."""
 
-    def __init__(self, *args: str, wrapper: Sequence[str] = ()) -> None:
+    def __init__(
+        self, *args: str, wrapper: Sequence[str] = (), command: str = "example"
+    ) -> None:
         self.proc = subprocess.Popen(
-            [*wrapper, sys.executable, "-m", "examples.bootstrap_legacy", *args],
+            [*wrapper, sys.executable, *COMMANDS[command], *args],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )
@@ -116,6 +129,22 @@ class Tracer:
         except queue.Empty:
             pytest.fail(f"no header within {TIMEOUT}s; stderr:\n{self.stderr}")
         assert line == HEADER, f"first line {line!r}; stderr:\n{self.stderr}"
+
+    def wait_json_ready(self) -> None:
+        """No header in JSON mode: the tracer is ready once a probe's exec shows up."""
+        true = which("true")
+        probes: set[int] = set()
+
+        def probe() -> None:
+            proc = subprocess.Popen([true])
+            probes.add(proc.pid)
+            finished(proc)
+
+        def probe_seen(lines: list[str]) -> bool:
+            return any(json.loads(line)["pid"] in probes for line in lines)
+
+        probe()
+        self.read_until(probe_seen, poke=probe)
 
     def read_until(
         self, done: Callable[[list[str]], bool], timeout: float = TIMEOUT,
@@ -199,10 +228,14 @@ def finished(proc: subprocess.Popen[Any]) -> int:
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_table_shows_exec_and_exit_of_a_pipeline(tracefs: None, tmp_path: Path, loop: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "loop"), [("example", "asyncio"), ("example", "uvloop"), ("tool", "asyncio")]
+)
+def test_table_shows_exec_and_exit_of_a_pipeline(
+    tracefs: None, tmp_path: Path, command: str, loop: str
+) -> None:
     sh, ls, grep = which("sh"), which("ls"), which("grep")
-    with Tracer("--loop", loop) as tracer:
+    with Tracer("--loop", loop, command=command) as tracer:
         tracer.wait_header()
         # An empty directory: ls prints nothing, so grep finds no "x" and exits 1.
         proc = subprocess.Popen([sh, "-c", "ls | grep x; exit 3"], cwd=tmp_path)
@@ -265,19 +298,9 @@ def test_min_duration_reports_only_long_exits(tracefs: None) -> None:
 
 @pytest.mark.kernel
 def test_json_lines_carry_every_field(tracefs: None, tmp_path: Path) -> None:
-    sh, ls, true = which("sh"), which("ls"), which("true")
+    sh, ls = which("sh"), which("ls")
     with Tracer("--json") as tracer:
-        # No header in JSON mode: the tracer is ready once a probe's exec shows up.
-        probes: set[int] = set()
-
-        def probe() -> None:
-            probes.add(subprocess.Popen([true]).pid)
-
-        def probe_seen(lines: list[str]) -> bool:
-            return any(json.loads(line)["pid"] in probes for line in lines)
-
-        probe()
-        tracer.read_until(probe_seen, poke=probe)
+        tracer.wait_json_ready()
 
         proc = subprocess.Popen([sh, "-c", "ls >/dev/null; exit 7"], cwd=tmp_path)
         assert finished(proc) == 7
@@ -295,20 +318,163 @@ def test_json_lines_carry_every_field(tracefs: None, tmp_path: Path) -> None:
     assert rc == 0, tracer.stderr
 
     for record in records:
-        assert set(record) == JSON_KEYS, record
-        assert datetime.datetime.fromisoformat(record["time"]).tzinfo is not None
         assert record["event"] == ("EXIT" if record["exit_event"] else "EXEC")
+        assert set(record) == JSON_KEYS[record["event"]], record
+        assert datetime.datetime.fromisoformat(record["time"]).tzinfo is not None
         assert isinstance(record["cpu"], int)
     by_kind = {(r["event"], r["comm"]): r for r in records}
     exec_sh = by_kind["EXEC", "sh"]
     assert exec_sh["pid"] == pid and exec_sh["ppid"] == os.getpid()
     assert same_file(exec_sh["filename"], sh)
-    assert exec_sh["exit_event"] is False and exec_sh["duration_ns"] == 0
+    assert exec_sh["exit_event"] is False
     exec_ls = by_kind["EXEC", "ls"]
     assert exec_ls["ppid"] == pid and same_file(exec_ls["filename"], ls)
     exit_sh = by_kind["EXIT", "sh"]
     assert exit_sh["exit_code"] == 7 and exit_sh["exit_event"] is True
     assert 0 < exit_sh["duration_ns"] < 10 * 10**9
+
+
+# --- names a process chooses ----------------------------------------------------------------
+
+# A file name and a comm that try to start a line of their own, with a byte that is
+# not UTF-8 and a terminal escape. The kernel keeps the first 15 bytes of a comm.
+FORGED = b"12:00:00 EXIT  evil 1 1 [0]"
+FILE_NAME = b"x\n" + FORGED + b"\xff\x1b"
+COMM = b"y\n12:00 EXIT\xff"  # 13 bytes, written to /proc/self/comm
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_names_are_escaped_so_no_line_can_be_forged(tracefs: None, fmt: str) -> None:
+    sh = which("sh")
+    # A short directory: the BPF side keeps 126 bytes of the exec'd path.
+    with tempfile.TemporaryDirectory(prefix="aperf-") as tmp:
+        path = os.path.join(os.fsencode(tmp), FILE_NAME)
+        os.symlink(sh, path)  # exec'd through the link: comm is the link's name
+        script = r"printf 'y\n12:00 EXIT\377' > /proc/self/comm; exit 5"
+        with Tracer(*(["--json"] if fmt == "json" else []), command="tool") as tracer:
+            if fmt == "table":
+                tracer.wait_header()
+            else:
+                tracer.wait_json_ready()
+            proc = subprocess.Popen([path, "-c", script])
+            assert finished(proc) == 5
+            me = os.getpid()
+            columns = f" {proc.pid:<7} {me:<7} "  # pid and ppid, as the table prints them
+
+            def event_of(line: str) -> str | None:
+                """EXEC or EXIT if the line is about our process, else None."""
+                if fmt == "json":
+                    record = json.loads(line)
+                    return record["event"] if record["pid"] == proc.pid else None
+                return line[9:13] if columns in line else None
+
+            lines = tracer.read_until(lambda lines: "EXIT" in map(event_of, lines))
+            rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+
+    exec_comm = r"x\n12:00:00 EXIT"  # the link's name, cut at 15 bytes
+    exec_file = tmp + "/" + r"x\n" + FORGED.decode() + r"\xff\x1b"
+    exit_comm = r"y\n12:00 EXIT\xff"
+    mine = [line for line in lines if event_of(line)]
+    if fmt == "json":
+        records = [json.loads(line) for line in mine]
+        assert [(r["event"], r["comm"]) for r in records] == [
+            ("EXEC", exec_comm), ("EXIT", exit_comm)
+        ]
+        assert records[0]["filename"] == exec_file
+        assert records[1]["exit_code"] == 5
+        return
+    for line in lines:  # every line is a table row: none starts with the forged text
+        assert re.fullmatch(r"\d\d:\d\d:\d\d (EXEC|EXIT)  \S.*", line), line
+    assert len(mine) == 2, lines
+    exec_line, exit_line = (line[9:] for line in mine)
+    assert exec_line == f"EXEC  {exec_comm:<16}{columns}{exec_file}"
+    assert re.fullmatch(re.escape(f"EXIT  {exit_comm:<16}{columns}[5] (") + r"\d+ms\)", exit_line)
+
+
+# --- stdout that nobody reads -----------------------------------------------------------------
+
+
+def pipe_bytes(read_end: int) -> int:
+    """How many bytes wait in a pipe (FIONREAD)."""
+    size = fcntl.ioctl(read_end, termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(size, sys.byteorder)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("command", COMMANDS)
+def test_sigterm_stops_it_while_stdout_pipe_is_full(tracefs: None, command: str) -> None:
+    # As `tracer | sleep 1000`: a reader that never reads. One page of pipe, so
+    # that the events of 1000 short processes fill it many times over.
+    sh, true = which("sh"), which("true")
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    capacity = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, *COMMANDS[command]], cwd=REPO, stdin=subprocess.DEVNULL,
+            stdout=write_end, stderr=subprocess.PIPE, text=True,
+        )
+        os.close(write_end)
+        write_end = -1
+        deadline = time.monotonic() + TIMEOUT
+        while pipe_bytes(read_end) == 0:  # the header: the tracer is attached
+            assert proc.poll() is None and time.monotonic() < deadline, "no header"
+            time.sleep(0.05)
+        burst = subprocess.run([sh, "-c", f"for i in $(seq 1000); do {true}; done"], check=False)
+        assert burst.returncode == 0
+        waiting = pipe_bytes(read_end)
+        assert waiting > capacity - 200, f"the pipe holds only {waiting} of {capacity} bytes"
+        assert proc.poll() is None, "the tracer ended early"
+
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail("still running 3 s after SIGTERM, its stdout pipe full")
+        elapsed = time.monotonic() - start
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        proc.stderr.close()
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert rc == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    print(f"exited {elapsed:.3f} s after SIGTERM")  # seen with -s; no timed assertion
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_reader_going_away_ends_it_quietly(tracefs: None, loop: str) -> None:
+    # As `tracer | head -1`: the reader closes its end after the first line.
+    true = which("true")
+    proc = subprocess.Popen(
+        [sys.executable, *COMMANDS["tool"], "--loop", loop], cwd=REPO,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        assert proc.stdout.readline().rstrip("\n") == HEADER
+        proc.stdout.close()
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None:  # each exec makes a line the tracer fails to write
+            assert time.monotonic() < deadline, "still running after its reader went away"
+            subprocess.run([true], check=True)
+            time.sleep(0.05)
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == 0, stderr
+    assert stderr == ""  # no traceback, no warning about the closed pipe
 
 
 # --- stopping, losing, refusing -----------------------------------------------------------
@@ -318,8 +484,9 @@ def test_json_lines_carry_every_field(tracefs: None, tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_stops_cleanly_within_a_second(tracefs: None, sig: int) -> None:
     # -v: aperf logs "perf stream closed" when the stream is closed in order
-    # (rings freed); libbpf's debug output goes to stderr too.
-    with Tracer("-v") as tracer:
+    # (rings freed); libbpf's debug output goes to stderr too. -d: only exits of
+    # processes that ran for a day, so other processes on the machine print nothing.
+    with Tracer("-v", "-d", "86400000") as tracer:
         tracer.wait_header()
         rc, elapsed = tracer.stop(sig)
     assert rc == 0, tracer.stderr
@@ -401,9 +568,8 @@ def test_unprivileged_run_says_what_is_missing(wrapper: list[str] | None) -> Non
     assert "root" in lines[0] and "CAP_BPF" in lines[0]
 
 
-def test_missing_object_says_how_to_build_it(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the privilege check comes first")
+def test_missing_object_says_how_to_build_it(kernel: None, tmp_path: Path) -> None:
+    # (as root: for anyone else the privilege check comes first)
     missing = tmp_path / "nope.bpf.o"
     proc = subprocess.run(
         [sys.executable, "-m", "examples.bootstrap_legacy", "--object", str(missing)],
@@ -413,3 +579,18 @@ def test_missing_object_says_how_to_build_it(tmp_path: Path) -> None:
     assert proc.stderr.splitlines() == [
         f"bootstrap_legacy: BPF object {missing} does not exist; build it with: make -C bpf"
     ]
+
+
+@pytest.mark.parametrize("pages", ["16384", "3", "0", "-8", "many"])
+def test_pages_out_of_range_is_a_usage_error(pages: str) -> None:
+    # Checked while parsing the options, before privileges or any BPF call.
+    proc = subprocess.run(
+        [sys.executable, *COMMANDS["tool"], "--pages", pages],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines()[-1].startswith(
+        "python -m aperf trace: error: argument --pages: "
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr

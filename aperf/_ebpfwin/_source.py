@@ -227,6 +227,14 @@ class WindowsPerfSource(MapBackedSource):
             finally:
                 self._release_claim()
 
+    def after_fork(self) -> None:
+        """Windows processes do not fork; should a copy of this source exist in a
+        child anyway, it forgets the parent's buffer and fd without freeing them."""
+        with self._lock:
+            self._pb = None
+        self._map_fd = -1
+        self._claimed = 0
+
     def __repr__(self) -> str:
         state = "open" if self._pb is not None else "closed"
         return f"<WindowsPerfSource {self.name!r} {state}>"

@@ -1,7 +1,7 @@
 """Waiting on Windows wait handles: for the sync driver, and for event loops that cannot.
 
 - :class:`Win32Waiter`: ``PerfBuffer.poll`` waits with ``WaitForMultipleObjects``
-  on the rings' handles plus a cancel event of its own, so that ``close()`` from
+  on the rings' handles plus an event of its own, so that ``close()`` from
   another thread ends a wait before the handles are closed.
 - :class:`HandleWaiterThread`: the fallback for any event loop that cannot wait
   on a handle itself (a selector loop, uvloop, trio without
@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .._errors import ClosedResourceError
 from . import _api as win
 from . import _binding as c
 
@@ -27,38 +26,26 @@ _SLICE_MS = 100
 
 
 class Win32Waiter:
-    """What ``PerfBuffer`` waits with when its source's handles are Windows wait handles."""
+    """What ``PerfBuffer`` waits with when its source's handles are Windows wait handles.
+
+    Its own auto-reset event, waited on with the handles, is what
+    :meth:`interrupt` signals; ``PerfBuffer.close()`` interrupts, then frees
+    once the poll holding its lock has returned, so no handle is closed under a
+    wait.
+    """
 
     def __init__(self, handles: Iterable[int]) -> None:
         self._handles = list(dict.fromkeys(handles))
-        if len(self._handles) >= c.MAXIMUM_WAIT_OBJECTS:
-            raise ValueError(f"at most {c.MAXIMUM_WAIT_OBJECTS - 1} wait handles, not "
+        if not 0 < len(self._handles) < c.MAXIMUM_WAIT_OBJECTS:
+            raise ValueError(f"can wait on 1 to {c.MAXIMUM_WAIT_OBJECTS - 1} handles, not "
                              f"{len(self._handles)}")
-        self._cancel = win.Event(manual_reset=True)
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._waiting = 0
-        self._closed = False
+        self._interrupt = win.Event(manual_reset=False)
 
     def wait(self, timeout: float) -> list[int]:
-        """The handles signalled within ``timeout`` seconds (negative: no limit); [] on timeout.
-
-        Raises ClosedResourceError when :meth:`close` ends the wait.
-        """
-        with self._lock:
-            if self._closed:
-                raise ClosedResourceError("this PerfBuffer was closed")
-            self._waiting += 1
-        try:
-            return self._wait(timeout)
-        finally:
-            with self._lock:
-                self._waiting -= 1
-                self._idle.notify_all()
-
-    def _wait(self, timeout: float) -> list[int]:
+        """The handles signalled within ``timeout`` seconds (negative: no limit), lowest
+        first; [] on timeout or interrupt."""
         handles = self._handles
-        watched = [*handles, self._cancel.handle]
+        watched = [*handles, self._interrupt.handle]
         main = threading.current_thread() is threading.main_thread()
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
@@ -74,20 +61,16 @@ class Win32Waiter:
                     return []
                 continue
             if index == len(handles):
-                raise ClosedResourceError("this PerfBuffer was closed while polling")
+                return []  # interrupt()
             return [handles[index]] + [h for h in handles[index + 1 :] if win.is_signalled(h)]
 
+    def interrupt(self) -> None:
+        if self._interrupt.handle:
+            self._interrupt.set()
+
     def close(self) -> None:
-        """End any wait in progress (from any thread), then release the cancel event."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self._waiting:
-                self._cancel.set()
-                while self._waiting:
-                    self._idle.wait()
-        self._cancel.close()
+        """Release the interrupt event (no wait may be in progress). Idempotent."""
+        self._interrupt.close()
 
 
 Post = Callable[[Callable[[], None]], bool]

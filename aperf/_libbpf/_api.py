@@ -5,15 +5,18 @@ The rest of aperf calls these functions and never sees a ctypes type.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ClosedResourceError, LibbpfError
+from .._errors import ArgumentError, ClosedResourceError, LibbpfError, PinnedPathError
 from . import _binding as c
 
 # --- libbpf's log -----------------------------------------------------------------
@@ -21,17 +24,18 @@ from . import _binding as c
 VERBOSE_ENV = "APERF_LIBBPF_VERBOSE"
 LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
 
-_vsnprintf: Any = None  # libc's, declared on first use (importing aperf loads no library)
+_libc_functions: dict[str, Any] = {}
 
 
-def _libc_vsnprintf() -> Any:
-    global _vsnprintf
-    if _vsnprintf is None:
-        fn = ctypes.CDLL(None, use_errno=True).vsnprintf
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        _vsnprintf = fn
-    return _vsnprintf
+def _libc(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A libc function, declared on first use (importing aperf loads no library)."""
+    fn = _libc_functions.get(name)
+    if fn is None:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+        fn.argtypes = list(argtypes)
+        fn.restype = restype
+        _libc_functions[name] = fn
+    return fn
 
 
 class _LogState(threading.local):
@@ -47,7 +51,11 @@ _print_lock = threading.Lock()
 
 def _format(fmt: bytes, args: int | None) -> str:
     buf = ctypes.create_string_buffer(4096)
-    _libc_vsnprintf()(buf, len(buf), fmt, args)
+    vsnprintf = _libc(
+        "vsnprintf", ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+        ctypes.c_void_p,
+    )
+    vsnprintf(buf, len(buf), fmt, args)
     return buf.value.decode("utf-8", "replace")
 
 
@@ -119,11 +127,27 @@ class capture_log:
 
 
 def cstr(raw: bytes | None) -> str:
-    return raw.decode() if raw else ""
+    # Names come from the ELF file; a hostile one must not make open() fail untyped.
+    return raw.decode(errors="replace") if raw else ""
 
 
-def open_object(path: str) -> int:
-    return int(c.bpf_object__open_file(os.fsencode(path), None))
+def c_path(path: str | bytes | os.PathLike[str] | os.PathLike[bytes], argument: str) -> bytes:
+    """``path`` as the bytes C sees. A NUL byte is refused: C would silently cut the path there."""
+    try:
+        raw = os.fsencode(path)
+    except TypeError:
+        raise TypeError(
+            f"{argument} must be a path (str, bytes or os.PathLike), not {type(path).__name__}"
+        ) from None
+    if b"\0" in raw:
+        raise ArgumentError(
+            argument, f"{argument} {os.fsdecode(raw)!r} contains a NUL byte (C would cut it there)"
+        )
+    return raw
+
+
+def open_object(path: bytes) -> int:
+    return int(c.bpf_object__open_file(path, None))
 
 
 def iter_maps(obj: int) -> Iterator[int]:
@@ -152,26 +176,217 @@ def set_map_initial_value(map_ptr: int, data: bytes) -> None:
     c.bpf_map__set_initial_value(map_ptr, data, len(data))
 
 
-def pin_map(map_ptr: int, path: str) -> None:
-    c.bpf_map__pin(map_ptr, os.fsencode(path))
+# --- map elements: every size checked before the syscall reads or writes our memory ---
+
+PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})
+"""PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE: one value per possible CPU."""
+BPF_ANY, BPF_NOEXIST, BPF_EXIST, BPF_F_LOCK = 0, 1, 2, 4
 
 
-def unpin_map(map_ptr: int, path: str) -> None:
-    c.bpf_map__unpin(map_ptr, os.fsencode(path))
+@dataclass(frozen=True)
+class MapLayout:
+    """How many bytes the kernel copies from a key and to or from a value of one map."""
+
+    name: str
+    key_size: int
+    value_size: int  # per-CPU maps: one 8-byte-aligned slot per possible CPU
+
+    @classmethod
+    def of(cls, name: str, map_type: int, key_size: int, value_size: int) -> MapLayout:
+        if map_type in PER_CPU_MAP_TYPES:  # as the kernel's bpf_map_value_size()
+            value_size = ((value_size + 7) & ~7) * int(c.libbpf_num_possible_cpus())
+        return cls(name, key_size, value_size)
+
+    def key(self, key: object) -> bytes | None:
+        raw = self._exact(key, self.key_size, "key")
+        return raw or None  # queue and stack maps have no key: the kernel wants NULL
+
+    def value(self, value: object) -> bytes:
+        return self._exact(value, self.value_size, "value")
+
+    def _exact(self, data: object, size: int, argument: str) -> bytes:
+        if isinstance(data, bytes):
+            raw = data
+        elif isinstance(data, bytearray | memoryview):
+            raw = bytes(data)
+        else:
+            raise TypeError(
+                f"{argument} must be bytes, bytearray or memoryview, not {type(data).__name__}"
+            )
+        if len(raw) != size:
+            raise ArgumentError(
+                argument,
+                f"{argument} is {len(raw)} bytes; map {self.name} takes {size}-byte {argument}s",
+            )
+        return raw
 
 
-def map_update(fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
-    c.bpf_map_update_elem(fd, key, value, flags)
+_ANON_INODE_KINDS = {
+    "anon_inode:bpf-map": "map", "anon_inode:bpf-prog": "prog", "anon_inode:bpf_link": "link",
+}
 
 
-def map_lookup(fd: int, key: bytes, value_size: int) -> bytes:
-    out = ctypes.create_string_buffer(value_size)
-    c.bpf_map_lookup_elem(fd, key, out)
+def object_kind(fd: int) -> str:
+    """The kind of BPF object behind ``fd``: ``map``, ``prog``, ``link``, or "" if none."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")  # cheaper than reading fdinfo
+    except FileNotFoundError:
+        raise ClosedResourceError(f"fd {fd} is not open") from None
+    return _ANON_INODE_KINDS.get(target, "")
+
+
+def map_layout(fd: int) -> MapLayout:
+    """The layout of the map behind ``fd``, as the kernel reports it."""
+    info = map_info(fd)
+    return MapLayout.of(f"fd {fd}", info.type, info.key_size, info.value_size)
+
+
+def update_flags(flags: object) -> int:
+    if isinstance(flags, bool) or not isinstance(flags, int):
+        raise TypeError(f"flags must be an int (BPF_ANY, BPF_NOEXIST, BPF_EXIST | BPF_F_LOCK), "
+                        f"not {type(flags).__name__}")
+    if flags < 0 or flags & ~BPF_F_LOCK not in (BPF_ANY, BPF_NOEXIST, BPF_EXIST):
+        raise ArgumentError(
+            "flags", f"flags={flags!r}: one of BPF_ANY (0), BPF_NOEXIST (1), BPF_EXIST (2), "
+            "optionally | BPF_F_LOCK (4)"
+        )
+    return flags
+
+
+def map_update(
+    fd: int, key: object, value: object, flags: int = 0, *, layout: MapLayout | None = None
+) -> None:
+    """Store ``value`` under ``key``; sizes checked against ``layout`` (default: ask the kernel)."""
+    layout = layout or map_layout(fd)
+    c.bpf_map_update_elem(fd, layout.key(key), layout.value(value), update_flags(flags))
+
+
+def map_lookup(
+    fd: int, key: object, value_size: int | None = None, *, layout: MapLayout | None = None
+) -> bytes:
+    """The value under ``key``; ``value_size``, if given, must be what the kernel will write."""
+    layout = layout or map_layout(fd)
+    if value_size is not None and value_size != layout.value_size:
+        raise ArgumentError(
+            "value_size", f"value_size={value_size}, but map {layout.name} writes "
+            f"{layout.value_size} bytes per lookup"
+        )
+    out = ctypes.create_string_buffer(layout.value_size)
+    c.bpf_map_lookup_elem(fd, layout.key(key), out)
     return out.raw
 
 
-def pinned_object_fd(path: str) -> int:
-    return int(c.bpf_obj_get(os.fsencode(path)))
+# --- pinning: paths in bpffs --------------------------------------------------------
+
+BPF_FS_MAGIC = 0xCAFE4A11
+
+
+def _on_bpffs(path: bytes) -> bool | None:
+    """Whether ``path`` lies on a BPF filesystem (None: it cannot be looked up)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on x86-64, f_type first
+    if _libc("statfs", ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(path, buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF == BPF_FS_MAGIC
+
+
+_NOT_BPFFS = (
+    "is not on a BPF filesystem: pinned BPF objects live in a bpffs mount "
+    "(mount -t bpf bpf /sys/fs/bpf)"
+)
+
+
+@contextmanager
+def _explained_by_path(path: bytes, why: Callable[[bytes, int], str | None]) -> Iterator[None]:
+    """Re-raise a libbpf failure as PinnedPathError when ``why`` finds the path at fault."""
+    try:
+        yield
+    except LibbpfError as exc:
+        err = exc.errno or 0
+        reason = why(path, err)
+        if reason is None:
+            raise
+        raise PinnedPathError(os.fsdecode(path), reason, err, exc.function) from None
+
+
+def _why_not_pinned(path: bytes, err: int) -> str | None:
+    """Why bpf_obj_get() refused ``path``, when the path itself says (None: errno says it)."""
+    if not os.path.lexists(path):
+        return None
+    on_bpffs = _on_bpffs(path)
+    if on_bpffs is False:
+        return _NOT_BPFFS
+    if os.path.isdir(path):
+        return "is a directory, not a pinned BPF object"
+    if on_bpffs and (os.geteuid() == 0 or err not in (errno.EPERM, errno.EACCES)):
+        return "is not a pinned BPF map, program or link"
+    return None  # not root and refused: a privilege problem after all
+
+
+def pinned_object_fd(
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes], argument: str = "path"
+) -> int:
+    """A new fd of the BPF object pinned at ``path`` (the caller closes it).
+
+    :class:`ArgumentError` for a NUL byte in ``path``; :class:`PinnedPathError`
+    when ``path`` exists but holds no pinned object (not bpffs, a directory).
+    """
+    raw = c_path(path, argument)
+    with _explained_by_path(raw, _why_not_pinned):
+        fd = int(c.bpf_obj_get(raw))
+    return fd
+
+
+def _why_not_pinnable(path: bytes, err: int) -> str | None:
+    """Why bpf_obj_pin() refused ``path``, when the path itself says (None: errno says it)."""
+    if err == errno.EEXIST:
+        return "already exists (unpin it first, or choose another path)"
+    parent = os.path.dirname(path) or b"."
+    if not os.path.isdir(parent):
+        return "is in a directory that does not exist (create it in bpffs first)"
+    if _on_bpffs(parent) is False:
+        return _NOT_BPFFS
+    return None
+
+
+def pin_object(fd: int, path: bytes) -> None:
+    """Pin the BPF object behind ``fd`` at ``path`` (checked by :func:`c_path`).
+
+    Through ``bpf_obj_pin`` rather than ``bpf_map__pin``: libbpf keeps the path
+    of a failed pin in the map, which fails every later pin elsewhere and makes
+    ``bpf_object__load`` pin (or reuse a stale map) there.
+    """
+    with _explained_by_path(path, _why_not_pinnable):
+        c.bpf_obj_pin(fd, path)
+
+
+class _bpf_info_head(ctypes.Structure):
+    # What bpf_map_info, bpf_prog_info and bpf_link_info all start with.
+    _fields_ = (("type", ctypes.c_uint32), ("id", ctypes.c_uint32))
+
+
+def object_id(fd: int) -> tuple[str, int]:
+    """("map" | "prog" | "link", kernel id) of the BPF object behind ``fd``."""
+    kind = object_kind(fd)
+    if not kind:
+        raise LibbpfError(errno.EINVAL, "bpf_obj_get_info_by_fd", f"fd {fd} is no BPF object")
+    head = _bpf_info_head()
+    size = ctypes.c_uint32(ctypes.sizeof(head))
+    c.bpf_obj_get_info_by_fd(fd, ctypes.byref(head), ctypes.byref(size))
+    return kind, int(head.id)
+
+
+def unpin_object(fd: int, path: bytes, what: str) -> None:
+    """Remove the pin at ``path`` if it is the object behind ``fd`` (never another one's pin)."""
+    pinned = pinned_object_fd(path)
+    try:
+        if object_id(pinned) != object_id(fd):
+            raise PinnedPathError(
+                os.fsdecode(path), f"holds another BPF object than {what}; left in place",
+                errno.EINVAL, "bpf_obj_get",
+            )
+    finally:
+        os.close(pinned)
+    os.unlink(path)
 
 
 @dataclass(frozen=True)
@@ -207,7 +422,11 @@ class _bpf_map_info(ctypes.Structure):
 
 
 def map_info(fd: int) -> MapInfo:
-    """What the kernel says of the BPF object behind ``fd`` (EINVAL if it is not a map)."""
+    """What the kernel says of the BPF map behind ``fd`` (EINVAL if it is not a map)."""
+    # bpf_obj_get_info_by_fd() fills a program's or link's info just as well,
+    # which this struct would misread as a map's.
+    if object_kind(fd) != "map":
+        raise LibbpfError(errno.EINVAL, "bpf_obj_get_info_by_fd", f"fd {fd} is not a BPF map")
     return read_map_info(fd, _bpf_map_info(), c.bpf_obj_get_info_by_fd)
 
 
@@ -450,13 +669,35 @@ class _perf_buffer_raw_opts(ctypes.Structure):
     )
 
 
-def _ignore_event(ctx: int | None, cpu: int, event: int | None) -> int:
-    # aperf never asks libbpf to consume (it reads the rings itself), so libbpf
-    # never calls this; perf_buffer__new_raw just needs a valid pointer.
-    return 0
+LIBBPF_PERF_EVENT_CONT = -2  # enum bpf_perf_event_ret: go on with the next record
 
 
-_unused_event_callback = c.PERF_EVENT_FN(_ignore_event)
+class _Collected(threading.local):
+    def __init__(self) -> None:
+        self.records: list[bytes] | None = None
+
+
+_collected = _Collected()
+
+
+def _collect_record(ctx: int | None, cpu: int, event: int | None) -> int:
+    """libbpf's raw event callback: copy the record (header and all) for the caller.
+
+    Called only inside ``perf_buffer__consume_buffer`` on this thread, which
+    reads the head with acquire and writes the tail with release semantics.
+    """
+    try:
+        records = _collected.records
+        if records is not None and event:
+            size = ctypes.c_uint16.from_address(event + 6).value  # perf_event_header.size
+            records.append(ctypes.string_at(event, size))
+    except BaseException as exc:  # parked, re-raised by the C call's errcheck
+        c.park_callback_error(exc)
+        return -1  # LIBBPF_PERF_EVENT_ERROR: stop
+    return LIBBPF_PERF_EVENT_CONT
+
+
+_record_callback = c.PERF_EVENT_FN(_collect_record)
 
 
 class RingMemory:
@@ -544,7 +785,7 @@ class PerfRings:
         opts.map_keys = keys
         self._pb = int(
             c.perf_buffer__new_raw(
-                map_fd, page_count, ctypes.byref(attr), _unused_event_callback, None,
+                map_fd, page_count, ctypes.byref(attr), _record_callback, None,
                 ctypes.byref(opts),
             )
         )
@@ -566,6 +807,19 @@ class PerfRings:
             rings.append(RingHandle(cpus[index], fd, RingMemory(base.value)))
         return rings
 
+    def consume_records(self, index: int) -> bytes:
+        """Every record of ring ``index``, copied by libbpf's own reader, which orders
+        its memory accesses for any architecture; the ring space is then released."""
+        if not self._pb:
+            raise ClosedResourceError("perf rings were freed")
+        records: list[bytes] = []
+        _collected.records = records
+        try:
+            c.perf_buffer__consume_buffer(self._pb, index)
+        finally:
+            _collected.records = None
+        return b"".join(records)
+
     def free(self) -> None:
         """Unmap the rings, close their fds and delete the map slots (idempotent)."""
         pb, self._pb = self._pb, 0
@@ -573,3 +827,14 @@ class PerfRings:
             for ring in getattr(self, "rings", ()):
                 ring.memory.release()
             c.perf_buffer__free(pb)
+
+    def forget_after_fork(self) -> None:
+        """In a child process: close this process's copies of the ring fds and nothing
+        else. The rings are not mapped here (perf mmaps are not inherited) and the map
+        slots are the parent's: perf_buffer__free would delete them under it."""
+        pb, self._pb = self._pb, 0
+        if pb:
+            for ring in getattr(self, "rings", ()):
+                ring.memory.release()
+                with contextlib.suppress(OSError):
+                    os.close(ring.fd)

@@ -170,9 +170,8 @@ bpf_map__name = plain_fn("bpf_map__name", ctypes.c_char_p, ctypes.c_void_p)
 bpf_map__fd = plain_fn("bpf_map__fd", ctypes.c_int, ctypes.c_void_p)
 bpf_map__type = plain_fn("bpf_map__type", ctypes.c_int, ctypes.c_void_p)
 bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.c_void_p)
+bpf_map__key_size = plain_fn("bpf_map__key_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
-bpf_map__pin = int_fn("bpf_map__pin", ctypes.c_void_p, ctypes.c_char_p)
-bpf_map__unpin = int_fn("bpf_map__unpin", ctypes.c_void_p, ctypes.c_char_p)
 bpf_map__initial_value = plain_fn(
     "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
 )
@@ -186,6 +185,7 @@ bpf_map_lookup_elem = int_fn(
     "bpf_map_lookup_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 )
 bpf_obj_get = int_fn("bpf_obj_get", ctypes.c_char_p)
+bpf_obj_pin = int_fn("bpf_obj_pin", ctypes.c_int, ctypes.c_char_p)
 bpf_obj_get_info_by_fd = int_fn(
     "bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_void_p, c_uint32_p
 )
@@ -226,6 +226,9 @@ perf_buffer__new_raw = ptr_fn(
 perf_buffer__free = plain_fn("perf_buffer__free", None, ctypes.c_void_p)
 perf_buffer__buffer_cnt = plain_fn("perf_buffer__buffer_cnt", ctypes.c_size_t, ctypes.c_void_p)
 perf_buffer__buffer_fd = int_fn("perf_buffer__buffer_fd", ctypes.c_void_p, ctypes.c_size_t)
+perf_buffer__consume_buffer = int_fn(
+    "perf_buffer__consume_buffer", ctypes.c_void_p, ctypes.c_size_t
+)
 perf_buffer__buffer = int_fn(
     "perf_buffer__buffer",
     ctypes.c_void_p,

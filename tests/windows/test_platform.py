@@ -150,11 +150,16 @@ def test_dependencies_install_on_windows() -> None:
     from packaging.requirements import Requirement
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    windows = {"sys_platform": "win32", "platform_system": "Windows", "os_name": "nt"}
-    needed = {}
-    for spec in project["dependencies"]:
+    windows = {"sys_platform": "win32", "platform_system": "Windows", "os_name": "nt",
+               "python_version": "3.12", "extra": ""}
+
+    def wanted(spec: str) -> tuple[str, bool]:
         requirement = Requirement(spec)
         marker = requirement.marker
-        needed[requirement.name] = marker is None or marker.evaluate(windows)
-    assert needed["uvloop"] is False  # uvloop has no Windows build
-    assert needed["structlog"] and needed["anyio"]
+        return requirement.name, marker is None or marker.evaluate(windows)
+
+    required = dict(map(wanted, project["dependencies"]))
+    assert all(required.values()) and "uvloop" not in required
+    extras = [wanted(spec) for specs in project["optional-dependencies"].values()
+              for spec in specs]
+    assert ("uvloop", False) in extras and ("uvloop", True) not in extras  # no Windows build

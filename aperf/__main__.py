@@ -1,0 +1,31 @@
+"""``python -m aperf COMMAND ...``: aperf's tools. One so far: ``trace`` (also ``aperf-trace``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+USAGE = """usage: python -m aperf COMMAND [ARGS...]
+
+commands:
+  trace    trace process exec and exit events (the same as aperf-trace)
+
+python -m aperf trace --help shows the tracer's options."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "trace":
+        from ._trace.cli import main as trace
+
+        return trace(args[1:], command="python -m aperf trace")
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    what = f"unknown command {args[0]!r}" if args else "a command is needed"
+    print(f"{USAGE}\n\npython -m aperf: error: {what}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

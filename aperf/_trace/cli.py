@@ -1,0 +1,307 @@
+"""``aperf-trace``: options, the trace loop, and every failure as one line on stderr.
+
+Exit status: 0 when stopped by SIGINT/SIGTERM or when the reader of stdout went
+away, 1 when it cannot run (one line says why), 2 for bad options (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+import aperf
+
+from .output import LineOutput
+from .preflight import SetupError, ensure_tracefs, missing_privileges
+from .render import HEADER, event_decoder, json_record, table_line
+
+PROG = "aperf-trace"
+DEFAULT_PAGES = 8  # per CPU, as the C original: 8 x 4 KiB = 32 KiB
+MAX_PAGES = 8192  # 32 MiB per CPU: far more than exec/exit rates need, and still mappable
+# Execs and exits are rare (tens to thousands a second): a kernel wakeup per event,
+# as libbpf's default in the C original, costs little, and leaves no drain timer
+# ticking while the machine is idle. "balanced" suits high event rates.
+DEFAULT_WAKEUP = "lowest-latency"
+WAKEUPS = ("lowest-latency", "balanced", "throughput")
+
+Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def shipped_object() -> Path:
+    """The tracer's BPF object, as shipped in the aperf package."""
+    return Path(str(resources.files("aperf") / "_objects" / "bootstrap_legacy.bpf.o"))
+
+
+@contextlib.contextmanager
+def tracer_object(
+    path: str | os.PathLike[str], min_duration_ns: int = 0
+) -> Iterator[aperf.BPFObject]:
+    """Open the BPF object, set its ``min_duration_ns`` global, load it and attach it.
+
+    Closing the object (leaving the ``with`` block) detaches both programs and
+    frees the maps.
+    """
+    with aperf.BPFObject(path) as obj:
+        # A ``const volatile`` global lives in .rodata: it can only be set before
+        # load, and the verifier then treats it as a constant (dead branches vanish).
+        obj.set_global("min_duration_ns", min_duration_ns)
+        obj.load()
+        obj.attach()
+        yield obj
+
+
+def warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class StopSignals:
+    """While entered, SIGINT and SIGTERM run the registered stop actions.
+
+    The loop runs them in its own thread, between two callbacks: nothing is
+    interrupted mid-line, no task is cancelled. Installed before the (synchronous)
+    load, so that a signal during the load is held and acted on right after it.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._actions: list[Callable[[], None]] = []
+
+    def __enter__(self) -> StopSignals:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            loop.add_signal_handler(sig, self._stop)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    def on_stop(self, action: Callable[[], None]) -> None:
+        """Run ``action`` at the stop signal (at once if it already came)."""
+        self._actions.append(action)
+        if self.requested:
+            action()
+
+    def _stop(self) -> None:
+        self.requested = True
+        for action in self._actions:
+            action()
+
+
+class Printer:
+    """How the tracer shows each item of the stream: events on stdout, trouble on stderr."""
+
+    def __init__(self, out: LineOutput, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+
+    async def header(self) -> None:
+        if not self.as_json:
+            await self.out.write(HEADER)
+
+    async def sample(self, sample: aperf.Sample) -> None:
+        now = datetime.datetime.now().astimezone()  # when read, as in the C original
+        if self.as_json:
+            await self.out.write(json.dumps(json_record(sample, now)))
+        else:
+            await self.out.write(table_line(sample.value, now))
+
+    async def show(self, item: aperf.Sample | aperf.Lost | aperf.BadSample) -> None:
+        if isinstance(item, aperf.Sample):
+            await self.sample(item)
+        elif isinstance(item, aperf.Lost):
+            warn(f"Lost {item.count} events on CPU #{item.cpu}!")
+        else:
+            warn(f"Bad sample on CPU #{item.cpu}: {item.error}")
+
+
+async def trace(args: argparse.Namespace) -> int:
+    """Print every exec and exit until SIGINT/SIGTERM, or until stdout's reader goes away."""
+    out = await LineOutput.open()
+    try:
+        with StopSignals() as stop, tracer_object(args.object, args.duration * 1_000_000) as obj:
+            stop.on_stop(out.stop)
+            stream = aperf.PerfStream(
+                obj.maps["perf_buffer"], pages=args.pages, decoder=event_decoder(obj),
+                wakeup=args.wakeup,
+            )
+            async with stream:
+                # Closing the stream frees the rings at once; the loop then hands
+                # out what was already read, and ends.
+                stop.on_stop(stream.close)
+                printer = Printer(out, args.json)
+                await printer.header()
+                async for item in stream:
+                    await printer.show(item)
+                    if out.broken:
+                        stream.close()
+    finally:
+        await out.aclose()
+    return 0
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def positive_power_of_two(text: str) -> int:
+    """``--pages``: a power of two from 1 to MAX_PAGES."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1 or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{text} is not a power of two (1, 2, 4, 8, ...)")
+    if value > MAX_PAGES:
+        raise argparse.ArgumentTypeError(
+            f"{text} pages is more than the limit, {MAX_PAGES} "
+            f"({MAX_PAGES * 4 // 1024} MiB per CPU)"
+        )
+    return value
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def parse_args(
+    argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None
+) -> argparse.Namespace:
+    default_object = default_object or shipped_object()
+    parser = argparse.ArgumentParser(
+        prog=command,
+        description="Trace process exec and exit events (BPF perf event array, read by aperf).",
+    )
+    parser.add_argument(
+        "-d", "--duration", type=non_negative, default=0, metavar="MS",
+        help="report only exits of processes that ran at least MS milliseconds "
+        "(execs are then not reported)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="print libbpf's debug output and aperf's logs to stderr",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio",
+        help="event loop to run on (uvloop: pip install 'aperf[uvloop]')",
+    )
+    parser.add_argument(
+        "--pages", type=positive_power_of_two, default=DEFAULT_PAGES, metavar="N",
+        help=f"ring size per CPU in 4 KiB pages, a power of two up to {MAX_PAGES} "
+        f"(default {DEFAULT_PAGES})",
+    )
+    parser.add_argument(
+        "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
+        help=f"when the kernel wakes the reader (default {DEFAULT_WAKEUP}: at every event)",
+    )
+    parser.add_argument(
+        "--object", type=Path, default=default_object, metavar="PATH",
+        help=f"the compiled BPF object (default: {default_object})",
+    )
+    return parser.parse_args(argv)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Human-readable logs on stderr only: stdout carries the events and nothing else."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if verbose else logging.WARNING
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def run(args: argparse.Namespace, trace: Trace = trace) -> int:
+    if args.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise SetupError(
+                "--loop uvloop needs uvloop, which is not installed: pip install 'aperf[uvloop]'"
+            ) from None
+        return uvloop.run(trace(args))
+    return asyncio.run(trace(args))
+
+
+def first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0]
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    name: str = PROG,
+    command: str = PROG,
+    default_object: Path | None = None,
+    trace: Trace = trace,
+) -> int:
+    """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program."""
+    args = parse_args(argv, command=command, default_object=default_object)
+    configure_logging(args.verbose)
+
+    def fail(message: str) -> int:
+        warn(f"{name}: {message}")
+        return 1
+
+    reason = missing_privileges()
+    if reason is not None:
+        return fail(reason)
+    if args.verbose:
+        aperf.set_libbpf_verbose(True)
+    try:
+        ensure_tracefs()
+        return run(args, trace)
+    except SetupError as exc:
+        return fail(str(exc))
+    except aperf.ObjectFileError as exc:
+        if not os.path.exists(exc.path):
+            return fail(f"BPF object {exc.path} does not exist; build it with: make -C bpf")
+        return fail(f"cannot open BPF object {exc.path}: {first_line(exc.detail)}")
+    except aperf.LibbpfUnavailableError as exc:
+        return fail(f"libbpf is not available: {first_line(str(exc))}")
+    except aperf.VerifierError as exc:
+        # Several lines on purpose: the end of the verifier's log says why.
+        return fail(str(exc))
+    except (aperf.MissingPrivilegesError, PermissionError) as exc:
+        call = f"{exc.function}(): " if isinstance(exc, aperf.LibbpfError) else ""
+        return fail(
+            f"the kernel refused ({call}{exc.strerror}); loading BPF programs needs root "
+            "(CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)"
+        )
+    except aperf.AperfError as exc:
+        # Also a kernel without BPF (ENOSYS) or without these tracepoints (ENOENT).
+        # libbpf's log lines follow the first line; -v shows all of them.
+        return fail(first_line(str(exc)) + ("" if args.verbose else " (-v shows libbpf's log)"))
+    except KeyboardInterrupt:  # Ctrl-C before the loop's handler was installed
+        return 0

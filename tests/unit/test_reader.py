@@ -1,0 +1,258 @@
+"""The reader's policy on a fake source and a fake clock: backpressure, the drain
+clock, exact losses, decode errors, dispatch and put-back, broken rings."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+import aperf
+from aperf._reader import Handlers, Reader
+from aperf._source import RingConfig
+from aperf.testing import FakeRingSource
+
+Q = struct.Struct("<Q")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(
+    cpus: list[int] | None = None,
+    *,
+    ring_bytes: int = 4096,
+    wakeup: aperf.Wakeup | None = None,
+    exact_lost: bool = True,
+    **kwargs: Any,
+) -> tuple[Reader, FakeRingSource, Clock]:
+    src = FakeRingSource(cpus=cpus or [0, 1], ring_bytes=ring_bytes, exact_lost=exact_lost)
+    wakeup = wakeup or aperf.Wakeup.per_sample()
+    rings = src.open(RingConfig(None, wakeup))
+    clock = Clock()
+    return Reader(src, rings, wakeup=wakeup, clock=clock, **kwargs), src, clock
+
+
+def seqs(events: list[Any]) -> list[tuple[int, int]]:
+    return [(e.cpu, Q.unpack_from(e.data)[0]) for e in events]
+
+
+def fd(src: FakeRingSource, cpu: int) -> int:
+    return src._rings[cpu].handle
+
+
+def test_pauses_when_full_and_resumes_by_draining_every_ring() -> None:
+    reader, src, _ = make(max_pending=10)
+    for i in range(12):
+        src.write(0, Q.pack(i))
+    assert reader.on_ready(fd(src, 0)) == 12  # one span is taken whole
+    src.write(1, Q.pack(100))
+    assert reader.on_ready(fd(src, 1)) == 0 and reader.paused  # full: the ring keeps its data
+    assert src.pending_bytes(1) > 0
+    assert seqs(reader.take(8)) == [(0, i) for i in range(8)]
+    # Below the low-water mark: CPU 1 is drained without a wakeup of its own.
+    rest = reader.take(100)
+    assert seqs(rest) == [(0, 8), (0, 9), (0, 10), (0, 11), (1, 100)]
+    stats = reader.statistics()
+    assert stats.samples == 13 and stats.wakeups == 2 and not stats.paused
+
+
+def test_a_broken_ring_is_a_failure_in_order_and_stops_being_watched() -> None:
+    reader, src, _ = make(max_pending=100)
+    src.write(0, b"fine")
+    src.inject(0, struct.pack("<IHH", 9, 0, 0) + bytes(8))
+    reader.on_ready(fd(src, 0))
+    assert [e.data for e in reader.take(10)] == [b"fine"]
+    with pytest.raises(aperf.BrokenRingError, match="CPU 0"):
+        reader.take(10)
+    assert reader.statistics().cpus[0].broken
+    assert not reader.watches(fd(src, 0)) and reader.watches(fd(src, 1))
+    src.write(1, b"other cpu")
+    reader.on_ready(fd(src, 1))
+    assert [e.data for e in reader.take(10)] == [b"other cpu\0\0\0"]
+
+
+def test_put_back_keeps_order_in_the_one_front_queue() -> None:
+    reader, src, _ = make()
+    for i in range(5):
+        src.write(0, Q.pack(i))
+    reader.flush()
+    batch = reader.take(3)
+    reader.put_back(batch[1:])
+    assert reader.statistics().pending == 4
+    assert [s for _, s in seqs(reader.take(10))] == [1, 2, 3, 4]
+    assert reader.statistics().pending == 0
+
+
+def test_drain_clock_relaxes_when_idle_and_tightens_on_traffic() -> None:
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2, idle_after=1.0)
+    reader, src, clock = make(wakeup=wakeup)
+    assert reader.deadline == pytest.approx(100.002)
+    for _ in range(499):  # 0.998 s of ticks that find nothing
+        clock.now = reader.deadline
+        assert reader.tick() == 0
+    assert reader.period(clock.now) == 0.002
+    clock.now = reader.deadline + 0.01
+    reader.tick()
+    assert reader.period(clock.now) == 0.2 and reader.deadline == pytest.approx(clock.now + 0.2)
+    # A sample below the watermark wakes nobody; the idle tick finds it, then the
+    # clock is busy again.
+    src.write(0, Q.pack(7))
+    clock.now = reader.deadline
+    assert reader.tick() == 1
+    assert reader.period(clock.now) == 0.002
+    assert reader.deadline == pytest.approx(clock.now + 0.002)
+    # A wakeup while idle pulls a far deadline in at once.
+    for _ in range(3):
+        clock.now += 0.6
+        reader.tick()
+    assert reader.period(clock.now) == 0.2
+    src.write(1, Q.pack(8))
+    reader.on_ready(fd(src, 1))
+    assert reader.deadline == pytest.approx(clock.now + 0.002)
+
+
+def test_backpressure_parks_the_timer_and_is_not_idleness() -> None:
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2)
+    reader, src, clock = make(cpus=[0], wakeup=wakeup, max_pending=10)
+    for i in range(20):
+        src.write(0, Q.pack(i))
+    clock.now = reader.deadline
+    assert reader.tick() == 20
+    src.write(0, Q.pack(20))
+    clock.now = reader.deadline
+    reader.tick()
+    assert reader.paused and reader.deadline is None  # parked: no ticks while nobody reads
+    clock.now += 5.0
+    assert reader.statistics().drain_period == 0.002  # backpressure, not silence
+    assert len(reader.take(16)) == 16
+    # The next take finds the queue below the low-water mark: resumed, the ring
+    # drained without a wakeup, the timer back at max_latency.
+    assert [s for _, s in seqs(reader.take(100))] == list(range(16, 21))
+    assert not reader.paused and reader.deadline == pytest.approx(clock.now + 0.002)
+
+
+def test_per_sample_wakeups_need_no_timer() -> None:
+    reader, _, _ = make()
+    assert reader.deadline is None and reader.statistics().drain_period is None
+
+
+def test_exact_losses_without_a_trailing_sample_and_no_double_count() -> None:
+    reader, src, _ = make(cpus=[0], ring_bytes=256)
+    for i in range(10):
+        src.write(0, Q.pack(i))  # 24-byte records: 10 fit in 256
+    assert [src.write(0, Q.pack(10 + i)) for i in range(5)] == [False] * 5
+    assert reader.statistics().lost == 5  # the producer's count, before any notice
+    reader.on_ready(fd(src, 0))
+    events = reader.take(100)
+    assert [type(e).__name__ for e in events] == ["Sample"] * 10 + ["Lost"]
+    assert events[-1] == aperf.Lost(0, 5)
+    # The lost record the kernel writes later announces the same 5: not reported twice.
+    src.write(0, Q.pack(99))
+    reader.on_ready(fd(src, 0))
+    assert seqs(reader.take(100)) == [(0, 99)]
+    assert reader.statistics().lost == 5
+    assert reader.lost_counter == "exact"
+
+
+def test_losses_are_reported_at_close() -> None:
+    reader, src, _ = make(cpus=[0], ring_bytes=256, max_pending=1)
+    for i in range(20):
+        src.write(0, Q.pack(i))
+    reader.on_ready(fd(src, 0))  # takes the 10 that fit: over max_pending now
+    reader.close()
+    events = reader.take(100)
+    assert events[-1] == aperf.Lost(0, 10) and len(events) == 11
+
+
+def test_without_an_exact_count_only_lost_records_count() -> None:
+    reader, src, _ = make(cpus=[0], ring_bytes=256, exact_lost=False)
+    for i in range(15):
+        src.write(0, Q.pack(i))
+    reader.on_ready(fd(src, 0))
+    assert len(reader.take(100)) == 10
+    assert reader.statistics().lost == 0 and reader.lost_counter == "records"
+    src.write(0, Q.pack(15))
+    reader.on_ready(fd(src, 0))
+    assert reader.take(100)[0] == aperf.Lost(0, 5)
+
+
+def bad_decoder(data: bytes) -> int:
+    value = Q.unpack_from(data)[0]
+    if value % 3 == 2:
+        raise ValueError("not this one")
+    return value  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("policy", ["item", "skip", "raise"])
+def test_decode_error_policies(policy: str) -> None:
+    reader, src, _ = make(decoder=bad_decoder, decode_errors=policy)
+    for i in range(6):
+        src.write(0, Q.pack(i))
+    reader.flush()
+    if policy == "item":
+        events = reader.take(100)
+        kinds = [type(e).__name__ for e in events]
+        assert kinds == ["Sample", "Sample", "BadSample", "Sample", "Sample", "BadSample"]
+        assert isinstance(events[2].error, aperf.DecodeError) and events[2].cpu == 0
+    elif policy == "skip":
+        assert [e.value for e in reader.take(100)] == [0, 1, 3, 4]
+    else:
+        assert [e.value for e in reader.take(100)] == [0, 1]
+        with pytest.raises(aperf.DecodeError, match="not this one"):
+            reader.take(100)
+        assert [e.value for e in reader.take(100)] == [3, 4]
+    assert reader.statistics().decode_errors == 2
+
+
+def test_dispatch_puts_back_what_follows_a_failing_callback() -> None:
+    reader, src, _ = make()
+    for i in range(6):
+        src.write(0, Q.pack(i))
+    reader.flush()
+    seen: list[int] = []
+
+    def on_sample(event: aperf.Sample[Any]) -> None:
+        value = Q.unpack_from(event.data)[0]
+        if value == 2 and 2 not in seen:
+            seen.append(2)
+            raise RuntimeError("boom")
+        seen.append(value)
+
+    batch = reader.take(100)
+    with pytest.raises(RuntimeError, match="boom"):
+        list(reader.dispatch(batch, Handlers(on_sample)))
+    assert seen == [0, 1, 2]
+    list(reader.dispatch(reader.take(100), Handlers(on_sample)))
+    assert seen == [0, 1, 2, 3, 4, 5]
+
+
+def test_dispatch_yields_awaitables_and_takes_their_failure_back() -> None:
+    reader, src, _ = make()
+    for i in range(4):
+        src.write(0, Q.pack(i))
+    reader.flush()
+
+    class Pending:
+        def __await__(self) -> Any:
+            yield
+
+    pending = reader.dispatch(reader.take(100), Handlers(lambda e: Pending()))
+    first = next(pending)
+    assert isinstance(first, Pending)
+    with pytest.raises(KeyError):
+        pending.throw(KeyError("awaited callback failed"))
+    assert len(reader.take(100)) == 3  # the three after the failing one
+
+
+def test_handlers_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="on_lost must be callable"):
+        Handlers(print, on_lost=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="on_sample must be callable"):
+        Handlers("print")  # type: ignore[arg-type]

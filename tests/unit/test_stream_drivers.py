@@ -1,0 +1,522 @@
+"""PerfStream and PerfBuffer on FakeRingSource: every driver behaviour without root.
+
+The async tests run on asyncio and on uvloop (see conftest). Timers use
+millisecond latencies: the drain clock is the reader's, tested in
+test_reader.py; here the drivers must only follow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import aperf
+from aperf.testing import FakeRingSource
+
+Q = struct.Struct("<Q")
+QQ = struct.Struct("<QQ")
+
+
+def seq(event: Any) -> int:
+    return int(Q.unpack_from(event.data)[0])
+
+
+def write(src: FakeRingSource, cpu: int, first: int, count: int) -> int:
+    """Write samples first..first+count-1; how many fitted."""
+    return sum(src.write(cpu, QQ.pack(i, cpu)) for i in range(first, first + count))
+
+
+async def collect(stream: aperf.PerfStream[Any], count: int, timeout: float = 5) -> list[Any]:
+    out: list[Any] = []
+
+    async def consume() -> None:
+        async for event in stream:
+            out.append(event)
+            if len(out) == count:
+                return
+
+    await asyncio.wait_for(consume(), timeout)
+    return out
+
+
+# --- the contract of the issue ---------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_samples_and_lost_notices_exactly_as_from_the_kernel() -> None:
+    src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
+    async with aperf.PerfStream(src, decoder=QQ) as stream:
+        assert src.write(0, QQ.pack(1, 2))
+        events = await collect(stream, 1)
+        assert events == [aperf.Sample(0, QQ.pack(1, 2) + bytes(4), (1, 2))]
+        # 4096 / 32-byte records: 128 fit, the rest are dropped and counted.
+        written = write(src, 1, 0, 200)
+        assert written == 128 and src.dropped(1) == 72
+        events = await collect(stream, 129)
+        assert [seq(e) for e in events[:128]] == list(range(128))
+        assert events[128] == aperf.Lost(1, 72)  # exact, with no sample after the burst
+        stats = stream.statistics()
+        assert (stats.samples, stats.lost, stats.lost_counter) == (129, 72, "exact")
+
+
+def test_the_sync_buffer_on_the_same_source() -> None:
+    got: list[Any] = []
+    src = FakeRingSource(cpus=[0, 1])
+    with aperf.PerfBuffer(src, on_sample=got.append, on_lost=got.append) as pb:
+        assert pb.poll(0) == 0
+        write(src, 1, 0, 10)
+        assert pb.poll(1000) == 10
+        write(src, 0, 10, 5)
+        assert pb.consume_buffer(0) == 5
+        write(src, 1, 15, 3)
+        assert pb.consume() == 3
+        assert pb.buffer_cnt == 2 and pb.cpus == [0, 1]
+        assert pb.buffer_fd(1) == src._rings[1].handle
+        with pytest.raises(ValueError, match="no ring for CPU 7"):
+            pb.buffer_fd(7)
+    assert [seq(e) for e in got] == list(range(18))
+    with pytest.raises(aperf.ClosedResourceError):
+        pb.poll(0)
+    # the fake can be opened again by another reader
+    with aperf.PerfBuffer(src, on_sample=got.append) as pb:
+        assert src.write(0, b"again") and pb.poll(1000) == 1
+
+
+# --- the drain timer ---------------------------------------------------------------------
+
+
+def watermark(**kwargs: float) -> aperf.Wakeup:
+    return aperf.Wakeup.watermark(1 << 20, **kwargs)
+
+
+@pytest.mark.asyncio
+async def test_drain_timer_finds_samples_below_the_threshold_and_adapts() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
+    wakeup = watermark(max_latency=0.001, idle_latency=0.05, idle_after=0.03)
+    async with aperf.PerfStream(src, wakeup=wakeup) as stream:
+        assert stream.statistics().drain_period == 0.001
+        await asyncio.sleep(0.06)  # nothing written: idle
+        assert stream.statistics().drain_period == 0.05
+        write(src, 0, 0, 3)  # no wakeup (watermark), only the idle tick finds them
+        events = await collect(stream, 3, timeout=1)
+        assert [seq(e) for e in events] == [0, 1, 2]
+        assert stream.statistics().drain_period == 0.001  # busy again
+        assert stream.statistics().wakeups == 0
+
+
+@pytest.mark.asyncio
+async def test_a_wakeup_during_idleness_brings_the_timer_back_at_once() -> None:
+    src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 21)
+    wakeup = aperf.Wakeup.every(2, max_latency=0.001, idle_latency=60, idle_after=0.01)
+    async with aperf.PerfStream(src, wakeup=wakeup) as stream:
+        await asyncio.sleep(0.05)
+        assert stream.statistics().drain_period == 60
+        write(src, 0, 0, 2)  # wakes the reader: traffic
+        await collect(stream, 2)
+        write(src, 1, 2, 1)  # below the threshold: the timer, at max_latency now, finds it
+        assert [seq(e) for e in await collect(stream, 1, timeout=1)] == [2]
+
+
+@pytest.mark.asyncio
+async def test_flush_hands_over_what_sits_below_the_threshold() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
+    async with aperf.PerfStream(src, wakeup=watermark(max_latency=60)) as stream:
+        write(src, 0, 0, 4)
+        assert stream.flush() == 4
+        assert [seq(e) for e in await collect(stream, 4, timeout=1)] == [0, 1, 2, 3]
+
+
+def test_sync_poll_relaxes_when_idle() -> None:
+    got: list[Any] = []
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
+    wakeup = watermark(max_latency=0.001, idle_latency=0.05, idle_after=0.02)
+    with aperf.PerfBuffer(src, wakeup=wakeup, on_sample=got.append) as pb:
+        assert pb.statistics().drain_period == 0.001
+        assert pb.poll(40) == 0
+        assert pb.statistics().drain_period == 0.05
+        write(src, 0, 0, 1)  # below the watermark: found by looking, not woken
+        assert pb.poll(1000) == 1
+        assert pb.statistics().drain_period == 0.001
+    assert [seq(e) for e in got] == [0]
+
+
+# --- backpressure --------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_backpressure_pauses_and_resumes_without_loss() -> None:
+    src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 16)
+    async with aperf.PerfStream(src, max_pending=50) as stream:
+        write(src, 0, 0, 100)
+        await asyncio.sleep(0.01)  # the readiness callback takes the ring: over the bound
+        write(src, 1, 100, 30)
+        await asyncio.sleep(0.01)
+        stats = stream.statistics()
+        assert stats.paused and src.pending_bytes(1) > 0  # CPU 1's data waits in its ring
+        events = await collect(stream, 130)
+        assert sorted(seq(e) for e in events) == list(range(130))
+        assert not stream.statistics().paused
+
+
+@pytest.mark.asyncio
+async def test_backpressure_is_not_mistaken_for_idleness() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
+    wakeup = watermark(max_latency=0.001, idle_latency=60, idle_after=0.01)
+    async with aperf.PerfStream(src, wakeup=wakeup, max_pending=10) as stream:
+        write(src, 0, 0, 100)
+        await asyncio.sleep(0.05)  # nobody reads: paused, the timer parked
+        stats = stream.statistics()
+        assert stats.paused and stats.drain_period == 0.001
+        assert [seq(e) for e in await collect(stream, 100)] == list(range(100))
+
+
+@pytest.mark.asyncio
+async def test_close_while_paused_hands_over_everything_then_ends() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
+    stream = aperf.PerfStream(src, max_pending=100)
+    await stream.open()
+    write(src, 0, 0, 1000)
+    stream.flush()  # past the bound once
+    write(src, 0, 1000, 10)
+    await asyncio.sleep(0.01)
+    assert stream.statistics().paused
+    await stream.aclose()
+    assert [seq(e) async for e in stream] == list(range(1010))
+
+
+@pytest.mark.asyncio
+async def test_overflow_with_a_slow_consumer_counts_every_sample() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1024)
+    delivered = lost = 0
+    written = 0
+    async with aperf.PerfStream(src, max_pending=8) as stream:
+        for i in range(2000):
+            written += 1
+            src.write(0, QQ.pack(i, 0))
+            if i % 100 == 0:
+                await asyncio.sleep(0)
+        await stream.aclose()
+        async for event in stream:
+            if isinstance(event, aperf.Sample):
+                delivered += 1
+            else:
+                lost += event.count
+    assert delivered + lost == written == 2000 and lost == src.dropped(0) > 0
+
+
+# --- close, cancel, busy ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_close_from_another_task_ends_iteration() -> None:
+    src = FakeRingSource(cpus=[0])
+    async with aperf.PerfStream(src) as stream:
+        seen: list[int] = []
+
+        async def consume() -> None:
+            async for event in stream:
+                seen.append(seq(event))
+
+        consumer = asyncio.create_task(consume())
+        write(src, 0, 0, 20)
+        while len(seen) < 20:
+            await asyncio.sleep(0.001)
+        await stream.aclose()
+        await asyncio.wait_for(consumer, 1)  # ends cleanly, no exception
+        await stream.aclose()  # idempotent
+    assert seen == list(range(20)) and stream.closed
+
+
+@pytest.mark.asyncio
+async def test_close_from_another_thread() -> None:
+    src = FakeRingSource(cpus=[0])
+    async with aperf.PerfStream(src) as stream:
+        async def consume() -> int:
+            return len([e async for e in stream])
+
+        consumer = asyncio.create_task(consume())
+        write(src, 0, 0, 50)
+        await asyncio.sleep(0.01)
+        closer = threading.Thread(target=stream.close)
+        closer.start()
+        assert await asyncio.wait_for(consumer, 2) == 50
+        await asyncio.to_thread(closer.join, 2)
+        assert not closer.is_alive()
+
+
+def test_close_from_a_thread_after_the_loop_stopped_finishes() -> None:
+    src = FakeRingSource(cpus=[0])
+    loop = asyncio.new_event_loop()
+    stream: aperf.PerfStream[None] = aperf.PerfStream(src)
+    loop.run_until_complete(stream.open())
+    write(src, 0, 0, 3)
+    started = time.monotonic()
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    closer.join(2)
+    assert not closer.is_alive() and time.monotonic() - started < 2
+    assert stream.closed
+    assert [seq(e) for e in loop.run_until_complete(_drain(stream))] == [0, 1, 2]
+    loop.close()
+
+
+async def _drain(stream: aperf.PerfStream[Any]) -> list[Any]:
+    return [e async for e in stream]
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_consumer_loses_nothing() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
+    seen: list[int] = []
+    async with aperf.PerfStream(src) as stream:
+        async def consume(limit: int | None) -> None:
+            async for event in stream:
+                seen.append(seq(event))
+                await asyncio.sleep(0)  # a cancellation point inside the loop body
+                if limit is not None and len(seen) >= limit:
+                    await asyncio.sleep(3600)
+
+        write(src, 0, 0, 1000)
+        first = asyncio.create_task(consume(300))
+        while len(seen) < 300:
+            await asyncio.sleep(0.001)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        write(src, 0, 1000, 500)
+        rest = await collect(stream, 1200)
+    assert seen + [seq(e) for e in rest] == list(range(1500))
+
+
+@pytest.mark.asyncio
+async def test_a_second_reader_is_refused() -> None:
+    src = FakeRingSource(cpus=[0])
+    async with aperf.PerfStream(src) as stream:
+        first = asyncio.create_task(_drain(stream))
+        await asyncio.sleep(0.01)
+        with pytest.raises(aperf.BusyResourceError, match="already reading"):
+            await asyncio.wait_for(_drain(stream), 1)
+        with pytest.raises(aperf.BusyResourceError):
+            await aperf.PerfStream(src).open()  # the source is taken, as a kernel map is
+        await stream.aclose()
+        await asyncio.wait_for(first, 1)
+
+
+@pytest.mark.asyncio
+async def test_not_open_and_reopen() -> None:
+    src = FakeRingSource(cpus=[0])
+    stream = aperf.PerfStream(src)
+    with pytest.raises(aperf.ClosedResourceError, match="not open"):
+        stream.statistics()
+    async with stream:
+        pass
+    with pytest.raises(aperf.ClosedResourceError, match="closed"):
+        await stream.open()
+
+
+# --- callbacks ------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_callback_exceptions_propagate_and_the_rest_stays_queued() -> None:
+    src = FakeRingSource(cpus=[0])
+    got: list[int] = []
+
+    async def on_sample(event: aperf.Sample[Any]) -> None:
+        await asyncio.sleep(0)
+        if seq(event) == 5 and -1 not in got:
+            got.append(-1)
+            raise KeyError("async boom")
+        got.append(seq(event))
+
+    async with aperf.PerfStream(src, on_sample=on_sample) as stream:
+        write(src, 0, 0, 10)
+        with pytest.raises(KeyError, match="async boom"):
+            await asyncio.wait_for(stream.run(), 2)
+        runner = asyncio.create_task(stream.run())
+        while len(got) < 10:
+            await asyncio.sleep(0.001)
+        await stream.aclose()
+        await asyncio.wait_for(runner, 1)  # run() returns once the stream is closed
+    assert got == [0, 1, 2, 3, 4, -1, 6, 7, 8, 9]
+
+
+@pytest.mark.asyncio
+async def test_sync_and_async_callbacks_and_on_batch() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=256)
+    samples: list[int] = []
+    lost: list[int] = []
+
+    async def on_lost(event: aperf.Lost) -> None:
+        lost.append(event.count)
+
+    async with aperf.PerfStream(src, on_sample=lambda e: samples.append(seq(e)),
+                                on_lost=on_lost) as stream:
+        write(src, 0, 0, 20)  # 8 fit in 256 bytes
+        runner = asyncio.create_task(stream.run())
+        while len(samples) < 8 or not lost:
+            await asyncio.sleep(0.001)
+        await stream.aclose()
+        await runner
+    assert samples == list(range(8)) and lost == [12]
+    batches: list[int] = []
+    async with aperf.PerfStream(src, on_batch=lambda b: batches.append(len(b))) as stream:
+        write(src, 0, 0, 5)
+        runner = asyncio.create_task(stream.run())
+        while sum(batches) < 5:
+            await asyncio.sleep(0.001)
+        await stream.aclose()
+        await runner
+
+
+def test_sync_callback_exception_propagates_and_nothing_is_lost() -> None:
+    src = FakeRingSource(cpus=[0])
+    seen: list[int] = []
+
+    def on_sample(event: aperf.Sample[Any]) -> None:
+        if seq(event) == 3 and -1 not in seen:
+            seen.append(-1)
+            raise RuntimeError("boom in callback")
+        seen.append(seq(event))
+
+    with aperf.PerfBuffer(src, on_sample=on_sample) as pb:
+        write(src, 0, 0, 10)
+        with pytest.raises(RuntimeError, match="boom in callback"):
+            pb.consume()
+        assert pb.consume() == 6
+    assert seen == [0, 1, 2, -1, 4, 5, 6, 7, 8, 9]
+
+
+def test_sync_buffer_refuses_coroutine_callbacks_without_losing_events() -> None:
+    src = FakeRingSource(cpus=[0])
+    seen: list[int] = []
+
+    async def on_sample(event: aperf.Sample[Any]) -> None:
+        seen.append(seq(event))
+
+    with aperf.PerfBuffer(src, on_sample=on_sample) as pb:
+        write(src, 0, 0, 3)
+        with pytest.raises(TypeError, match="use PerfStream"):
+            pb.consume()
+    assert seen == []
+
+
+# --- decoding and broken rings ----------------------------------------------------------------
+
+
+def picky(data: bytes) -> int:
+    value = int(Q.unpack_from(data)[0])
+    if value == 2:
+        raise ValueError("two is bad")
+    return value
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["item", "skip", "raise"])
+async def test_decode_error_policies(policy: Any) -> None:
+    src = FakeRingSource(cpus=[0])
+    async with aperf.PerfStream(src, decoder=picky, decode_errors=policy) as stream:
+        write(src, 0, 0, 4)
+        if policy == "raise":
+            with pytest.raises(aperf.DecodeError, match="two is bad"):
+                await collect(stream, 4)
+            assert [e.value for e in await collect(stream, 1)] == [3]
+            return
+        events = await collect(stream, 4 if policy == "item" else 3)
+    kinds = [type(e).__name__ for e in events]
+    if policy == "item":
+        assert kinds == ["Sample", "Sample", "BadSample", "Sample"]
+        assert events[2].error.cpu == 0 and isinstance(events[2].error.__cause__, ValueError)
+    else:
+        assert [e.value for e in events] == [0, 1, 3]
+
+
+def test_sync_decode_error_without_a_handler_raises() -> None:
+    src = FakeRingSource(cpus=[0])
+    got: list[Any] = []
+    with aperf.PerfBuffer(src, decoder=picky, on_sample=got.append) as pb:
+        write(src, 0, 0, 4)
+        with pytest.raises(aperf.DecodeError):
+            pb.consume()
+        assert pb.consume() == 1
+    assert [e.value for e in got] == [0, 1, 3]
+
+
+@pytest.mark.asyncio
+async def test_a_broken_ring_fails_in_order_and_the_others_go_on() -> None:
+    src = FakeRingSource(cpus=[0, 1])
+    async with aperf.PerfStream(src) as stream:
+        write(src, 0, 0, 2)
+        src.inject(0, struct.pack("<IHH", 9, 0, 0) + bytes(8))
+        got = await collect(stream, 2)
+        assert [seq(e) for e in got] == [0, 1]
+        with pytest.raises(aperf.BrokenRingError, match="CPU 0"):
+            await collect(stream, 1)
+        write(src, 1, 10, 1)
+        write(src, 0, 20, 1)  # the broken ring is no longer read
+        assert [seq(e) for e in await collect(stream, 1)] == [10]
+        stats = stream.statistics()
+        assert stats.cpus[0].broken and not stats.cpus[1].broken
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"max_pending": 0}, ValueError, "max_pending"),
+        ({"max_pending": "10"}, ValueError, "max_pending"),
+        ({"decode_errors": "ignore"}, ValueError, "decode_errors"),
+        ({"pages": 3}, aperf.RingSizeError, "power of two"),
+        ({"pages": 1 << 20}, aperf.RingSizeError, "too large"),
+        ({"pages": 1 << 64}, aperf.RingSizeError, "too large"),
+        ({"ring_bytes": 1 << 40}, aperf.RingSizeError, "too large"),
+        ({"wakeup": 3}, TypeError, "wakeup"),
+        ({"on_sample": 3}, TypeError, "on_sample must be callable"),
+        ({"on_sample": print, "on_lost": "x"}, TypeError, "on_lost must be callable"),
+        ({"on_lost": print}, ValueError, "on_sample"),
+        ({"on_batch": 3}, TypeError, "on_batch"),
+        ({"decoder": 3}, TypeError, "decoder"),
+        ({"decoder": "event"}, TypeError, "from_btf"),
+        ({"decoder": "my-event"}, ValueError, "not a C identifier"),
+    ],
+)
+def test_bad_arguments_fail_in_the_constructor(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    src = FakeRingSource(cpus=[0])
+    with pytest.raises(error, match=match):
+        aperf.PerfStream(src, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "wakeup",
+    [
+        lambda: aperf.Wakeup.every(8, max_latency=float("nan")),
+        lambda: aperf.Wakeup.every(8, max_latency=float("inf")),
+        lambda: aperf.Wakeup.watermark(4096, max_latency=-1),
+        lambda: aperf.Wakeup.balanced(idle_after=0),
+        lambda: aperf.Wakeup.every(2.5),
+    ],
+)
+def test_bad_wakeups(wakeup: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        wakeup()
+
+
+def test_deprecated_format_strings_still_decode() -> None:
+    src = FakeRingSource(cpus=[0])
+    got: list[Any] = []
+    with pytest.warns(DeprecationWarning, match=r"struct\.Struct\('<QQ'\)") as record:
+        pb = aperf.PerfBuffer(src, decoder="<QQ", on_sample=got.append)
+    assert record[0].filename == __file__  # the warning points at the caller
+    with pb:
+        src.write(0, QQ.pack(4, 5))
+        pb.consume()
+    assert got[0].value == (4, 5)
