@@ -8,7 +8,7 @@
 #define TASK_COMM_LEN 16
 #define MAX_FILENAME_LEN 127
 
-/* Layout (x86-64 / BPF, 168 bytes, align 8):
+/* Layout (x86-64 / BPF, 176 bytes, align 8):
  *   0  int pid
  *   4  int ppid
  *   8  unsigned exit_code
@@ -16,6 +16,7 @@
  *  24  char comm[16]
  *  40  char filename[127]
  * 167  bool exit_event
+ * 168  unsigned long long timestamp_ns
  */
 struct event {
 	int pid;
@@ -25,6 +26,10 @@ struct event {
 	char comm[TASK_COMM_LEN];
 	char filename[MAX_FILENAME_LEN];
 	bool exit_event;
+	/* When the event happened: bpf_ktime_get_boot_ns(), CLOCK_BOOTTIME (unlike
+	 * CLOCK_MONOTONIC it goes on during suspend, so one offset to the wall clock,
+	 * taken when the reader starts, stays right). */
+	unsigned long long timestamp_ns;
 };
 
 #endif /* APERF_BOOTSTRAP_H */

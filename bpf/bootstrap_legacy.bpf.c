@@ -64,6 +64,7 @@ int handle_exec(struct trace_event_raw_sched_process_exec *ctx)
 	__builtin_memset(&e, 0, sizeof(e));
 	task = (struct task_struct *)bpf_get_current_task();
 	e.exit_event = false;
+	e.timestamp_ns = bpf_ktime_get_boot_ns();
 	e.pid = pid;
 	e.ppid = BPF_CORE_READ(task, real_parent, tgid);
 	bpf_get_current_comm(&e.comm, sizeof(e.comm));
@@ -104,6 +105,7 @@ int handle_exit(struct trace_event_raw_sched_process_template *ctx)
 	__builtin_memset(&e, 0, sizeof(e));
 	task = (struct task_struct *)bpf_get_current_task();
 	e.exit_event = true;
+	e.timestamp_ns = bpf_ktime_get_boot_ns();
 	e.duration_ns = duration_ns;
 	e.pid = pid;
 	e.ppid = BPF_CORE_READ(task, real_parent, tgid);

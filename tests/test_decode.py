@@ -220,7 +220,7 @@ async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: N
     from .conftest import BPF_DIR
 
     # An independent mirror of struct event, for this check only (the tracer has none).
-    layout = struct.Struct("<iiI4xQ16s127s?")
+    layout = struct.Struct("<iiI4xQ16s127s?Q")
     with aperf.BPFObject(BPF_DIR / "bootstrap_legacy.bpf.o") as obj:
         obj.load()
         obj.attach()
@@ -236,8 +236,8 @@ async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: N
                             break
     assert [e.value.exit_event for e in mine] == [False, True]
     for event in mine:
-        assert len(event.data) == 172  # 168 bytes, padded by the kernel
-        pid, ppid, code, duration, comm, filename, is_exit = layout.unpack_from(event.data)
+        assert len(event.data) == 180  # 176 bytes, padded by the kernel
+        pid, ppid, code, duration, comm, filename, is_exit, stamp = layout.unpack_from(event.data)
         value = event.value
         assert (value.pid, value.ppid, value.exit_code, value.duration_ns) == (
             pid, ppid, code, duration
@@ -245,6 +245,7 @@ async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: N
         assert value.comm == comm.split(b"\0")[0].decode()
         assert value.filename == filename.split(b"\0")[0].decode()
         assert value.exit_event is is_exit
+        assert value.timestamp_ns == stamp > 0
     exec_event, exit_event = (e.value for e in mine)
     assert exec_event.ppid == os.getpid() and exec_event.filename.endswith("sh")
     assert exit_event.exit_code == 5 and exit_event.duration_ns > 0

@@ -137,8 +137,9 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
 
     assert metadata["License-Expression"] == "Apache-2.0"
     requires = metadata.get_all("Requires-Dist") or []
-    unconditional = sorted(r.split(">")[0] for r in requires if "extra ==" not in r)
-    assert unconditional == ["anyio", "structlog"]
+    runtime = sorted(r.split(">")[0] for r in requires if "extra ==" not in r)
+    assert runtime == ["anyio", "structlog", "typing_extensions"]  # the last before 3.13 only
+    assert 'typing_extensions>=4.6; python_version < "3.13"' in requires
     assert 'uvloop>=0.19; sys_platform == "linux" and extra == "uvloop"' in requires
 
 

@@ -1,4 +1,4 @@
-"""End-to-end tests of the web service that embeds aperf (examples/service.py).
+"""End-to-end tests of the web service that embeds aperf (examples/service/).
 
 The service runs as a subprocess on a free loopback port, with the real tracer
 loaded; the tests talk to it over HTTP with httpx and make processes of their
@@ -7,6 +7,7 @@ own, recognising their events by pid among whatever else the machine runs.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import queue
@@ -29,9 +30,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT = 15.0
 TIMEOUT = 10.0
-# Small per-client queues and socket buffers, so that a client that stops
-# reading overflows its queue after a few hundred events, not tens of thousands.
-CLIENT_QUEUE = 64
+# A small replay window and socket buffers, so that a client that stops reading
+# falls out of the window after a few hundred events, not tens of thousands.
+REPLAY = 64
 SEND_BUFFER = 4096
 BURST = 600  # processes: 1200 events, about 300 KB of SSE
 METRIC_LINE = re.compile(
@@ -137,7 +138,7 @@ class Service:
 def service(tracefs: None, tmp_path: Path) -> Iterator[Service]:
     svc = Service(
         tmp_path / "service.log",
-        "--client-queue", str(CLIENT_QUEUE), "--send-buffer", str(SEND_BUFFER),
+        "--replay", str(REPLAY), "--send-buffer", str(SEND_BUFFER),
         "--shutdown-timeout", "2",
     )
     try:
@@ -151,19 +152,32 @@ def service(tracefs: None, tmp_path: Path) -> Iterator[Service]:
 class Message:
     event: str  # "message" unless the server named it
     data: str
+    id: str | None = None  # the id: field of this message, if it had one
 
     def json(self) -> Any:
         return json.loads(self.data)
 
 
+def lines_until_timeout(response: httpx.Response, timeout: float = TIMEOUT) -> Iterator[str]:
+    """The lines of an event stream, for ``timeout`` seconds at most.
+
+    httpx's read timeout never fires on an event stream: keep-alives come every 0.5 s.
+    """
+    deadline = time.monotonic() + timeout
+    for line in response.iter_lines():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the expected message did not come within {timeout}s")
+        yield line
+
+
 def parse_sse(lines: Iterator[str]) -> Iterator[Message]:
-    event = "message"
+    event, id_ = "message", None
     data: list[str] = []
     for line in lines:
         if not line:
             if data:
-                yield Message(event, "\n".join(data))
-            event, data = "message", []
+                yield Message(event, "\n".join(data), id_)
+            event, data, id_ = "message", [], None
         elif line.startswith(":"):
             continue  # comment: the greeting, keep-alives
         else:
@@ -173,6 +187,8 @@ def parse_sse(lines: Iterator[str]) -> Iterator[Message]:
                 event = value
             elif field == "data":
                 data.append(value)
+            elif field == "id":
+                id_ = value
 
 
 class FastClient:
@@ -244,11 +260,33 @@ class StalledClient:
         """Start reading; with a normal receive buffer again, so that it goes fast."""
         sock = self.response.extensions["network_stream"].get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        return parse_sse(self.response.iter_lines())
+        return parse_sse(lines_until_timeout(self.response))
 
     def close(self) -> None:
         self._stream.__exit__(None, None, None)
         self.http.close()
+
+
+def event_seq(message: Message) -> int:
+    """The sequence number in an event's id (``<run>-<seq>``)."""
+    assert message.id is not None
+    return int(message.id.rpartition("-")[2])
+
+
+def read_events(
+    base: str, headers: dict[str, str], done: Callable[[list[Message]], bool]
+) -> list[Message]:
+    """Open /events with ``headers``, read messages until ``done(messages)``, close."""
+    messages: list[Message] = []
+    with httpx.Client(base_url=base, timeout=TIMEOUT) as http, \
+            http.stream("GET", "/events", headers=headers) as response:
+        assert response.status_code == 200
+        for message in parse_sse(lines_until_timeout(response)):
+            messages.append(message)
+            if done(messages):
+                return messages
+    pytest.fail(f"the stream ended early; {len(messages)} messages: {messages[:3]} ... "
+                f"{messages[-3:]}")
 
 
 def spawn_burst(count: int) -> int:
@@ -302,32 +340,35 @@ def test_slow_client_does_not_hold_back_the_fast_one(service: Service) -> None:
             return len(exited) == BURST
 
         received = fast.read_until(all_exited)
-        # Every exec and exit of the burst reached the fast client, nothing dropped
-        # for it, although the stalled client's queue overflowed meanwhile.
+        # Every exec and exit of the burst reached the fast client, nothing missed,
+        # although the stalled client fell out of the replay window meanwhile.
         execs = events_of_children(received, parent, "EXEC")
         assert len(execs) == BURST
-        assert not [m for m in received if m.event == "dropped"]
+        assert not [m for m in received if m.event == "missed"]
         for m in received:
             if m.event == "message" and m.json()["ppid"] == parent:
                 record = m.json()
                 assert record["comm"] == "true"
                 if record["event"] == "EXEC":
                     assert record["filename"] == shutil.which("true")
+        # Consecutive ids: the fast client got every event published since it came.
+        seqs = [event_seq(m) for m in received if m.id is not None]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
         metrics = service.metrics()
-        dropped = per_label(metrics, "aperf_sse_client_dropped_total", "client")
-        assert len(dropped) == 2
-        assert max(dropped.values()) > 0 and min(dropped.values()) == 0, dropped
-        assert total(metrics, "aperf_sse_dropped_total") == max(dropped.values())
+        assert total(metrics, "aperf_sse_max_lag") > REPLAY  # the stalled client
         assert total(metrics, "aperf_lost_total") == 0
 
-        # Once the stalled client reads again, it is told how many events it missed.
-        missed = 0
+        # Once the stalled client reads again, it is told how many events it missed,
+        # and the count is the one /metrics gives for all clients together.
+        notice = None
         for message in stalled.messages():
-            if message.event == "dropped":
-                missed = message.json()["missed"]
+            if message.event == "missed":
+                notice = message.json()
                 break
-        assert missed > 0
+        assert notice is not None and notice["reason"] == "slow" and notice["missed"] > 0
+        missed = per_label(service.metrics(), "aperf_sse_missed_total", "reason")
+        assert missed == {"slow": notice["missed"], "reconnect": 0}
     finally:
         stalled.close()
         fast.close()
@@ -335,6 +376,10 @@ def test_slow_client_does_not_hold_back_the_fast_one(service: Service) -> None:
 
 def test_metrics_parse_and_grow(service: Service) -> None:
     before = service.metrics()
+    # prometheus_client's standard collectors: process and GC metrics for free.
+    for name in ("process_resident_memory_bytes", "process_open_fds",
+                 "python_gc_collections_total"):
+        assert total(before, name) > 0, name
     cpus = {str(c) for c in range(os.cpu_count() or 1)}
     for name in ("aperf_samples_total", "aperf_lost_total", "aperf_bytes_total",
                  "aperf_wakeups_total", "aperf_decode_errors_total"):
@@ -357,6 +402,17 @@ def test_metrics_parse_and_grow(service: Service) -> None:
     for (name, labels), value in before.items():
         if name.endswith("_total") and (name, labels) in after:
             assert after[name, labels] >= value, (name, labels)
+    # No label that grows with the clients: every label name is one of a known few.
+    label_names = {k for (name, labels) in after for k, _ in labels if name.startswith("aperf_")}
+    assert label_names == {"cpu", "reason"}
+
+    # A scraper that asks for OpenMetrics gets it.
+    response = service.http.get(
+        "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    assert response.headers["content-type"].startswith("application/openmetrics-text")
+    assert response.text.endswith("# EOF\n")
+    assert "aperf_samples_total{cpu=" in response.text
 
 
 def test_kernel_losses_reach_metrics_and_clients(tracefs: None, tmp_path: Path) -> None:
@@ -420,3 +476,171 @@ def test_sigterm_ends_streams_and_exits_cleanly(service: Service) -> None:
     assert "client cut off at shutdown: it stopped reading" in events
     assert "Traceback" not in service.log
     assert not [r for r in records if "exception" in r], records
+
+
+def published(service: Service) -> int:
+    return int(service.http.get("/health").json()["published"])
+
+
+def wait_published(service: Service, count: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while published(service) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} events were published"
+        time.sleep(0.05)
+
+
+# Room for what the machine's other processes do while the test's client is away.
+RECONNECT_REPLAY = 512
+
+
+@pytest.fixture
+def roomy_service(tracefs: None, tmp_path: Path) -> Iterator[Service]:
+    svc = Service(tmp_path / "service.log", "--replay", str(RECONNECT_REPLAY))
+    try:
+        svc.wait_ready()
+        yield svc
+    finally:
+        svc.close()
+
+
+def test_reconnect_gets_what_it_missed_or_a_notice(roomy_service: Service) -> None:
+    service = roomy_service
+    # A client sees the exit of a process of ours, and goes away.
+    fast = FastClient(service.base)
+    try:
+        proc = subprocess.Popen([shutil.which("sh") or "sh", "-c", "exit 3"])
+        assert proc.wait(timeout=TIMEOUT) == 3
+        received = fast.read_until(
+            lambda m: m.event == "message" and m.json()["pid"] == proc.pid
+            and m.json()["event"] == "EXIT"
+        )
+    finally:
+        fast.close()
+    last = received[-1]
+    assert last.id is not None
+
+    # While it is away, 10 processes run: 20 events, far fewer than the window holds.
+    burst = spawn_burst(10)
+    wait_published(service, event_seq(last) + 20)
+
+    def burst_exited(messages: list[Message]) -> bool:
+        return len(events_of_children(messages, burst, "EXIT")) == 10
+
+    # Back with Last-Event-ID: everything after that event, in order, nothing missed.
+    again = read_events(service.base, {"Last-Event-ID": last.id}, burst_exited)
+    assert not [m for m in again if m.event == "missed"]
+    seqs = [event_seq(m) for m in again if m.id is not None]
+    assert seqs == list(range(event_seq(last) + 1, event_seq(last) + 1 + len(seqs)))
+    assert len(events_of_children(again, burst, "EXEC")) == 10
+    assert total(service.metrics(), "aperf_sse_replayed_total") >= 20
+
+    # Away again while 300 processes run: 600 events, more than the window holds.
+    last = [m for m in again if m.id is not None][-1]
+    assert last.id is not None
+    spawn_burst(300)
+    wait_published(service, event_seq(last) + 600)
+    newest = published(service)
+    back = read_events(service.base, {"Last-Event-ID": last.id},
+                       lambda ms: any(m.id and event_seq(m) >= newest for m in ms))
+    notice, first = back[0], back[1]
+    assert notice.event == "missed" and notice.id is None
+    # Exactly the events between the one it had and the oldest one still kept.
+    assert notice.json() == {"missed": event_seq(first) - event_seq(last) - 1,
+                             "reason": "reconnect"}
+    assert notice.json()["missed"] > 0
+    assert newest - event_seq(first) < RECONNECT_REPLAY  # the window, all of it
+    seqs = [event_seq(m) for m in back[1:] if m.id is not None]
+    assert seqs == list(range(event_seq(first), event_seq(first) + len(seqs)))
+    missed = per_label(service.metrics(), "aperf_sse_missed_total", "reason")
+    assert missed["reconnect"] == notice.json()["missed"]
+
+    # An id of an earlier run of the service: how many were missed is unknown.
+    run = last.id.rpartition("-")[0]
+    other = read_events(service.base, {"Last-Event-ID": f"{run}0-1"}, lambda ms: True)
+    assert other[0].event == "missed"
+    assert other[0].json() == {"missed": None, "reason": "restart"}
+    # Ids it never handed out are refused, saying which header is wrong.
+    for bad in ("nonsense", f"{run}-{newest + 1000}"):
+        response = service.http.get("/events", headers={"Last-Event-ID": bad})
+        assert response.status_code == 400
+        assert "Last-Event-ID" in response.json()["error"]
+
+
+def test_events_carry_the_kernel_time(service: Service) -> None:
+    fast = FastClient(service.base)
+    try:
+        # A stopped service reads nothing: the events wait in the rings. Their times
+        # must be when they happened, not when the service read them.
+        service.proc.send_signal(signal.SIGSTOP)
+        try:
+            before = time.time()
+            proc = subprocess.Popen([shutil.which("sh") or "sh", "-c", "exit 4"])
+            assert proc.wait(timeout=TIMEOUT) == 4
+            after = time.time()
+            time.sleep(0.5)
+            resumed = time.time()
+        finally:
+            service.proc.send_signal(signal.SIGCONT)
+        received = fast.read_until(
+            lambda m: m.event == "message" and m.json()["pid"] == proc.pid
+            and m.json()["event"] == "EXIT"
+        )
+    finally:
+        fast.close()
+    mine = [m.json() for m in received if m.event == "message" and m.json()["pid"] == proc.pid]
+    exec_, exit_ = (next(r for r in mine if r["event"] == kind) for kind in ("EXEC", "EXIT"))
+    exec_time, exit_time = (
+        datetime.datetime.fromisoformat(r["time"]).timestamp() for r in (exec_, exit_)
+    )
+    slack = 0.005  # the offset between the clocks is taken once, to the microsecond
+    assert before - slack <= exec_time <= exit_time <= after + slack
+    assert exit_time < resumed - 0.4  # read half a second later, timed when it happened
+    # Both come from the BPF event's own nanoseconds, converted with one offset.
+    between = (exit_["timestamp_ns"] - exec_["timestamp_ns"]) / 1e9
+    assert abs((exit_time - exec_time) - between) < 2e-6
+
+
+def run_service(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "examples.service", "--host", "127.0.0.1", *args],
+        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )
+
+
+def assert_one_line_failure(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("service: ") and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("--port", "99999"), "argument --port: 99999 is not a TCP port (1 to 65535)"),
+    (("--heartbeat", "0"), "argument --heartbeat: 0 is not a positive number of seconds"),
+    (("--replay", "1"), "argument --replay: 1 is not a number of events, 2 or more"),
+    (("--port", "http"), "argument --port: invalid port value: 'http'"),
+])
+def test_bad_options_fail_in_one_line(args: tuple[str, ...], expected: str) -> None:
+    assert_one_line_failure(run_service(*args), expected)
+
+
+def test_missing_object_fails_in_one_line(kernel: None, tmp_path: Path) -> None:
+    missing = tmp_path / "nothing.bpf.o"
+    result = run_service("--port", str(free_port()), "--object", str(missing))
+    assert_one_line_failure(result, f"BPF object {missing} does not exist")
+
+
+def test_bad_object_fails_in_one_line(tracefs: None, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.bpf.o"
+    bad.write_text("not an ELF file\n")
+    result = run_service("--port", str(free_port()), "--object", str(bad))
+    assert_one_line_failure(result, f"cannot open BPF object {bad}: not a loadable ELF")
+
+
+def test_taken_port_fails_in_one_line(kernel: None) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_service("--port", str(port))
+    assert_one_line_failure(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")

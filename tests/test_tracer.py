@@ -37,7 +37,7 @@ ROW = re.compile(r"(\d\d:\d\d:\d\d) (EXEC|EXIT)  (.{16}) (\d+ *) (\d+ *) (.*)")
 EXIT_DETAIL = re.compile(r"\[(\d+)\](?: \((\d+)ms\))?")
 LOST = re.compile(r"^Lost (\d+) events on CPU #(\d+)!$", re.MULTILINE)
 # JSON lines carry the fields that apply to the event's kind, no more.
-JSON_COMMON = {"time", "event", "cpu", "pid", "ppid", "comm", "exit_event"}
+JSON_COMMON = {"time", "event", "cpu", "pid", "ppid", "comm", "exit_event", "timestamp_ns"}
 JSON_KEYS = {
     "EXEC": JSON_COMMON | {"filename"},
     "EXIT": JSON_COMMON | {"exit_code", "duration_ns"},

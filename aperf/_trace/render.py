@@ -109,4 +109,5 @@ def json_record(sample: aperf.Sample, now: datetime.datetime) -> dict[str, Any]:
     else:
         record["filename"] = value.filename
     record["exit_event"] = value.exit_event
+    record["timestamp_ns"] = value.timestamp_ns  # the kernel's CLOCK_BOOTTIME at the event
     return record

@@ -1,0 +1,7 @@
+"""``python -m examples.service``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

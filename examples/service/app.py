@@ -1,0 +1,111 @@
+"""The Starlette application: routes, and the lifespan that owns the kernel resources."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..bootstrap_legacy import DEFAULT_OBJECT, DEFAULT_PAGES, DEFAULT_WAKEUP
+from . import metrics
+from .hub import SEP, BadEventIdError, Hub
+from .source import TraceSource
+
+log = structlog.get_logger("examples.service")
+
+STATIC = Path(__file__).resolve().parent / "static"
+DEFAULT_REPLAY = 4096
+HEARTBEAT_SECONDS = 15.0
+SHUTDOWN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    object_path: Path = DEFAULT_OBJECT
+    min_duration_ms: int = 0
+    pages: int = DEFAULT_PAGES
+    wakeup: str = DEFAULT_WAKEUP
+    replay: int = DEFAULT_REPLAY  # events kept for reconnecting and slow clients
+    heartbeat: float = HEARTBEAT_SECONDS
+    shutdown_timeout: float = SHUTDOWN_SECONDS
+
+
+def create_app(settings: Settings) -> Starlette:
+    hub = Hub(settings.replay)
+    source = TraceSource(hub, settings.object_path, min_duration_ms=settings.min_duration_ms,
+                         pages=settings.pages, wakeup=settings.wakeup)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        hub.loop = asyncio.get_running_loop()
+        async with source.running():
+            assert source.stream is not None
+            log.info("tracer running", cpus=source.stream.cpus, pages=settings.pages,
+                     wakeup=settings.wakeup, min_duration_ms=settings.min_duration_ms,
+                     replay=settings.replay)
+            try:
+                yield
+            finally:
+                hub.close()  # usually done already, at the signal
+        stats = source.stream.statistics()
+        log.info("tracer stopped", samples=stats.samples, lost=stats.lost,
+                 published=hub.published, missed=sum(hub.missed.values()))
+
+    async def events(request: Request) -> Response:
+        if hub.closed or not source.stream_open:
+            return JSONResponse({"error": "the event stream is not available"}, status_code=503)
+        peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
+        try:
+            cursor = hub.subscribe(request.headers.get("last-event-id"), peer)
+        except BadEventIdError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return EventSourceResponse(
+            cursor.chunks(), sep=SEP, ping=settings.heartbeat,
+            ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep=SEP),
+            # At shutdown hub.close() ends every stream once it has written what is
+            # left; a client that stopped reading is cut off after this grace period.
+            shutdown_grace_period=settings.shutdown_timeout,
+        )
+
+    async def health(request: Request) -> Response:
+        ok = source.healthy()
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "degraded" if source.stream_open else source.state,
+            "stream_open": source.stream_open,
+            "clients": len(hub.cursors),
+            "published": hub.published,
+        }
+        if source.stream is not None:
+            stats = source.stream.statistics()
+            body.update(samples=stats.samples, lost=stats.lost,
+                        lost_by_cpu={str(c.cpu): c.lost for c in stats.cpus},
+                        broken_cpus=[c.cpu for c in stats.cpus if c.broken])
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    app = Starlette(
+        routes=[
+            Route("/", page),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+            Route("/events", events),
+            Route("/metrics", metrics.endpoint(metrics.registry(source, hub))),
+            Route("/health", health),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.hub = hub
+    app.state.source = source
+    return app
