@@ -163,3 +163,24 @@ def test_dependencies_install_on_windows() -> None:
     extras = [wanted(spec) for specs in project["optional-dependencies"].values()
               for spec in specs]
     assert ("uvloop", False) in extras and ("uvloop", True) not in extras  # no Windows build
+
+
+@pytest.mark.parametrize(("platform", "compiles"), [("linux", True), ("win32", False)])
+def test_a_wheel_built_on_windows_compiles_no_bpf_object(
+    platform: str, compiles: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    from setuptools import Distribution
+    from setuptools.command.build_py import build_py
+
+    from bpf import build_hook
+
+    compiled: list[Path] = []
+    monkeypatch.setattr(build_py, "run", lambda self: None)
+    monkeypatch.setattr(build_hook, "compile_objects", compiled.append)
+    command = build_hook.BuildPy(Distribution({"name": "aperf"}))
+    command.build_lib = str(tmp_path)
+    command.editable_mode = False
+    monkeypatch.setattr(sys, "platform", platform)
+    command.run()
+    assert compiled == ([tmp_path.resolve() / "aperf" / "_objects"] if compiles else [])

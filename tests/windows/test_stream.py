@@ -282,3 +282,20 @@ def test_perf_buffer_callback_exception_propagates(
             pb.poll(1000)
         assert pb.poll(0) == 2  # the events after the failing one were kept
     assert seen == [0, 1, 2, 4, 5]
+
+
+@pytest.mark.asyncio
+async def test_a_dropped_stream_is_released(
+    fake: FakeEbpf, perf_map: int, on_windows: None
+) -> None:
+    import gc
+
+    stream = aperf.PerfStream(perf_map)
+    await stream.open()
+    handle = stream._options.source.wait_handle  # type: ignore[attr-defined]
+    await asyncio.to_thread(fake.wait_until, lambda: fake.waiters(handle) == 1)
+    with pytest.warns(ResourceWarning, match="unclosed PerfStream"):
+        del stream
+        gc.collect()
+    await asyncio.sleep(0.01)  # the release was handed to the loop thread
+    # The fixture checks: waiter thread gone before the handle closed, nothing leaked.
