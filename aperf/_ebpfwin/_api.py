@@ -51,7 +51,8 @@ def close_fd(fd: int) -> None:
 
 
 def wait_any(handles: Sequence[int], timeout_ms: int) -> int | None:
-    """Wait until one of ``handles`` is signalled: its index (the lowest), or None on timeout.
+    """Wait until one of ``handles`` is signalled: its index (the lowest), or None on timeout
+    (``timeout_ms`` negative or INFINITE: no timeout).
 
     A satisfied wait resets an auto-reset event and leaves a manual-reset one
     signalled (WaitForMultipleObjects with bWaitAll=FALSE).
@@ -60,7 +61,7 @@ def wait_any(handles: Sequence[int], timeout_ms: int) -> int | None:
     if not 0 < count <= c.MAXIMUM_WAIT_OBJECTS:
         raise ValueError(f"can wait on 1 to {c.MAXIMUM_WAIT_OBJECTS} handles, not {count}")
     array = (c.HANDLE * count)(*handles)
-    result = int(c.WaitForMultipleObjects(count, array, 0, timeout_ms & 0xFFFFFFFF))
+    result = int(c.WaitForMultipleObjects(count, array, 0, _milliseconds(timeout_ms)))
     if result == c.WAIT_TIMEOUT:
         return None
     if c.WAIT_OBJECT_0 <= result < c.WAIT_OBJECT_0 + count:
@@ -70,9 +71,16 @@ def wait_any(handles: Sequence[int], timeout_ms: int) -> int | None:
     raise Win32Error(0, "WaitForMultipleObjects", f"unexpected result {result:#x}")
 
 
+def _milliseconds(timeout_ms: int) -> int:
+    """A DWORD timeout: negative (or INFINITE) waits for ever; longer ones are capped."""
+    if timeout_ms < 0 or timeout_ms >= c.INFINITE:
+        return c.INFINITE
+    return timeout_ms
+
+
 def wait_one(handle: int, timeout_ms: int) -> bool:
-    """Whether ``handle`` was (or became) signalled within ``timeout_ms`` (INFINITE: -1)."""
-    return int(c.WaitForSingleObject(handle, timeout_ms & 0xFFFFFFFF)) != c.WAIT_TIMEOUT
+    """Whether ``handle`` was (or became) signalled within ``timeout_ms`` (negative: for ever)."""
+    return int(c.WaitForSingleObject(handle, _milliseconds(timeout_ms))) != c.WAIT_TIMEOUT
 
 
 def is_signalled(handle: int) -> bool:

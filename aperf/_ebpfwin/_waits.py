@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -52,7 +53,7 @@ class Win32Waiter:
             if deadline is None:
                 ms = _SLICE_MS if main else c.INFINITE
             else:
-                ms = max(0, round((deadline - time.monotonic()) * 1000))
+                ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
                 if main:
                     ms = min(ms, _SLICE_MS)
             index = win.wait_any(watched, ms)

@@ -242,6 +242,8 @@ def test_wait_any_follows_windows(fake: FakeEbpf) -> None:
         assert win.wait_any([manual, auto], 10) == 0  # manual reset: still signalled
         with pytest.raises(ValueError, match="1 to 64"):
             win.wait_any([], 0)
+        # DWORD timeouts: negative is INFINITE, longer than a DWORD is capped there
+        assert [win._milliseconds(ms) for ms in (-1, 0, 5, 2**40)] == [2**32 - 1, 0, 5, 2**32 - 1]
         with pytest.raises(aperf.AperfError) as duplicate:
             win.wait_any([manual, manual], 0)
         assert duplicate.value.winerror == 87  # type: ignore[attr-defined]
