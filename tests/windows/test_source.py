@@ -250,3 +250,22 @@ def test_wait_any_follows_windows(fake: FakeEbpf) -> None:
     finally:
         fake.close_handle(manual)
         fake.close_handle(auto)
+
+
+def test_the_record_format_round_trips_and_refuses_a_cut_span() -> None:
+    same = [b"a" * 8] * 5
+    mixed = [b"", b"xyz", 5, b"\x08\x00\x00\x00" * 2, b"q" * 8, 7, b"q" * 8, b"q" * 8]
+    for records, expected in (
+        (same, [(same, True)]),  # the strided fast path
+        ([3, *same], [3, (same, True)]),  # a lost notice first, as eBPF for Windows reports
+        (mixed, [([b"", b"xyz"], False), 5, ([b"\x08\x00\x00\x00" * 2, b"q" * 8], True), 7,
+                 ([b"q" * 8, b"q" * 8], True)]),
+    ):
+        span = WINDOWS_RECORDS.encode(records)
+        assert WINDOWS_RECORDS.split(0, span) == (expected, 0)
+    span = WINDOWS_RECORDS.encode(same)
+    for cut in (1, 5, 13):
+        with pytest.raises(aperf.BrokenRingError):
+            WINDOWS_RECORDS.split(2, span[:-cut])
+    with pytest.raises(aperf.BrokenRingError, match="lost record"):
+        WINDOWS_RECORDS.split(2, WINDOWS_RECORDS.encode([4])[:-1])
