@@ -13,7 +13,8 @@ a process (with its exit code and how long it ran) through a
 
 Options: ``-d MS`` reports only exits of processes that lived at least MS
 milliseconds (and no execs, as in the original), ``--json`` prints one JSON
-object per line instead of the table, ``-v`` shows libbpf's debug output.
+object per line instead of the table, ``-v`` shows libbpf's debug output,
+``--nats URL`` also publishes every event to NATS JetStream (see docs/fleet.md).
 Ctrl-C or SIGTERM stops it (exit status 0). Diagnostics go to stderr, so
 stdout holds nothing but the table (or the JSON lines). docs/tutorial.md walks
 through this file.
@@ -29,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -229,7 +231,9 @@ async def trace(args: argparse.Namespace) -> int:
     for sig in signals:
         loop.add_signal_handler(sig, request_stop)
     out = Output()
+    sink = None
     try:
+        sink = await open_sink(args)
         with tracer_object(args.object, args.duration * 1_000_000) as obj:
             async with aperf.PerfStream(
                 obj.maps["perf_buffer"], pages=args.pages, decoder="event", wakeup=args.wakeup
@@ -238,24 +242,45 @@ async def trace(args: argparse.Namespace) -> int:
                     stream.close()
                 if not args.json:
                     out.write(HEADER)
-                async for item in stream:
-                    match item:
-                        case aperf.Sample(value=event):
-                            now = datetime.datetime.now().astimezone()
-                            if args.json:
-                                out.write(json.dumps(json_record(item, now)))
-                            else:
-                                out.write(table_line(event, now))
-                            if out.broken:
-                                stream.close()
-                        case aperf.Lost(cpu=cpu, count=count):
-                            warn(f"Lost {count} events on CPU #{cpu}!")
-                        case aperf.BadSample(cpu=cpu, error=error):
-                            warn(f"Bad sample on CPU #{cpu}: {error}")
+                async for batch in stream.batches():
+                    if sink is not None:
+                        await sink.send(batch)  # waits (backpressure) if JetStream is slow
+                    for item in batch:
+                        match item:
+                            case aperf.Sample(value=event):
+                                now = datetime.datetime.now().astimezone()
+                                if args.json:
+                                    out.write(json.dumps(json_record(item, now)))
+                                else:
+                                    out.write(table_line(event, now))
+                                if out.broken:
+                                    stream.close()
+                            case aperf.Lost(cpu=cpu, count=count):
+                                warn(f"Lost {count} events on CPU #{cpu}!")
+                            case aperf.BadSample(cpu=cpu, error=error):
+                                warn(f"Bad sample on CPU #{cpu}: {error}")
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+        if sink is not None:
+            await sink.aclose()
     return 0
+
+
+async def open_sink(args: argparse.Namespace) -> Any:
+    """With ``--nats URL``: an open aperf.fleet sink that publishes every event too."""
+    if not args.nats:
+        return None
+    try:
+        from aperf.fleet import FleetConfigError, JetStreamSink
+    except ImportError as exc:
+        raise SetupError(str(exc)) from None
+    sink = JetStreamSink(args.nats, host=args.host, name=PROG)
+    try:
+        await sink.open()
+    except FleetConfigError as exc:
+        raise SetupError(f"--nats: {exc}") from None
+    return sink
 
 
 # --- command line ------------------------------------------------------------------------
@@ -300,6 +325,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
         help=f"when the kernel wakes the reader (default {DEFAULT_WAKEUP}: at every event)",
+    )
+    parser.add_argument(
+        "--nats", metavar="URL",
+        help="also publish every event to NATS JetStream at URL (needs aperf[nats]; the stream "
+        "must exist: python -m aperf.fleet create-stream --nats URL); "
+        "python -m examples.fleet_view shows a fleet",
+    )
+    parser.add_argument(
+        "--host", default=socket.gethostname(), metavar="NAME",
+        help="the host name published with --nats (default: this machine's)",
     )
     parser.add_argument(
         "--object", type=Path, default=DEFAULT_OBJECT, metavar="PATH",

@@ -11,6 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
+import shutil
+import signal
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -36,7 +42,9 @@ from aperf.fleet._wire import Framer, parse
 from aperf.fleet.testing import NatsServer, nats_server_path
 from aperf.testing import Producer
 
-from .conftest import REQUIRE_BPF
+from .conftest import REPO, REQUIRE_BPF
+from .test_tracer import HEADER as TRACER_HEADER
+from .test_tracer import parse_row
 
 CPUS = sorted(os.sched_getaffinity(0))
 OTHER_CPU = CPUS[-1]
@@ -206,6 +214,82 @@ def test_sequence_tracking_reports_each_hole_once_and_exactly() -> None:
 
 
 # --- against the server and the kernel --------------------------------------------------
+
+
+def seq_sample(cpu: int, seq: int) -> aperf.Sample:
+    """A sample as the producer makes it: u64 sequence number, u64 time, padding."""
+    return aperf.Sample(cpu, struct.pack("<QQ", seq, 0) + bytes(20))
+
+
+@pytest.mark.asyncio
+async def test_events_keep_their_order_kind_and_host(nats_server: NatsServer) -> None:
+    url = nats_server.url
+    await create_stream(url)
+    forwarded_bad = aperf.BadSample(0, b"zz", aperf.DecodeError(0, b"zz", "not an event"))
+    sent = [
+        seq_sample(0, 0), seq_sample(1, 1), aperf.Lost(1, 5), aperf.Sample(1, b"short"),
+        forwarded_bad, seq_sample(0, 2),
+    ]
+    async with JetStreamSink(url, host="synthetic", name="kinds") as sink:
+        await sink.send(sent)
+        await sink.flush()
+    stats = sink.statistics()
+    assert (stats.published, stats.lost_forwarded, stats.bad_forwarded) == (5, 5, 1)
+
+    got: list[FleetEvent] = []
+    async with FleetReader(url, durable="kinds", decoder=SEQ_TS) as reader:
+        async for batch in reader.batches(2):
+            assert 1 <= len(batch) <= 2
+            got += batch
+            if len(got) == len(sent):
+                break
+    assert {(h, s) for h, s, _ in got} == {("synthetic", "kinds")}
+    events = [e for _, _, e in got]
+    assert [type(e) for e in events] == [
+        aperf.Sample, aperf.Sample, aperf.Lost, aperf.BadSample, aperf.BadSample, aperf.Sample
+    ]
+    assert [(e.cpu, e.value.seq) for e in events if isinstance(e, aperf.Sample)] == [
+        (0, 0), (1, 1), (0, 2)
+    ]
+    assert events[2] == aperf.Lost(1, 5)
+    short = events[3]  # decoded at the reader: too short for the decoder
+    assert (short.cpu, short.data) == (1, b"short")
+    assert isinstance(short.error, aperf.DecodeError) and "needs 16 bytes" in str(short.error)
+    remote = events[4]  # failed on the host, forwarded as it was
+    assert (remote.cpu, remote.data, remote.error.reason) == (0, b"zz", "not an event")
+    assert reader.statistics().bad == 2
+
+
+@pytest.mark.asyncio
+async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServer) -> None:
+    url = nats_server.url
+    await create_stream(url)
+    async with JetStreamSink(url, host="h", name="acks") as sink:
+        await sink.send([seq_sample(0, i) for i in range(10)])  # one message
+        await sink.flush()
+
+    async def take(reader: FleetReader, n: int) -> list[int]:
+        seqs: list[int] = []
+        async for _, _, event in reader:
+            seqs.append(event.value.seq)
+            if len(seqs) == n:
+                break
+        return seqs
+
+    # A consumer that stops mid-message continues there with its next loop.
+    async with FleetReader(url, durable="one", decoder=SEQ_TS) as reader:
+        assert await take(reader, 3) == [0, 1, 2]
+        assert await take(reader, 7) == list(range(3, 10))
+    info = await consumer_info(url, "one")
+    assert (info.num_ack_pending, info.num_pending) == (0, 0)
+
+    # A reader closed mid-message leaves it unacknowledged: the next one gets it all.
+    async with FleetReader(url, durable="two", decoder=SEQ_TS, ack_wait=1.0) as reader:
+        assert await take(reader, 3) == [0, 1, 2]
+    assert (await consumer_info(url, "two")).num_ack_pending == 1
+    async with FleetReader(url, durable="two", decoder=SEQ_TS, ack_wait=1.0) as reader:
+        assert await take(reader, 10) == list(range(10))
+
 
 
 @pytest.mark.asyncio
@@ -441,3 +525,106 @@ class _closed_port:
     def __exit__(self, *exc: object) -> None:
         self._sock.close()
 
+
+
+# --- the tracer as a fleet ---------------------------------------------------------------
+
+
+class Lines:
+    """A ``python -m <module>`` subprocess from the repository root; stdout line by line."""
+
+    def __init__(self, module: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=REPO, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def read_until(self, done: Callable[[list[str]], bool], timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self.seen):
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.fail(f"timed out after {timeout} s")
+            if line is None:
+                self.fail("it ended early")
+            self.seen.append(line)
+
+    def fail(self, why: str) -> None:
+        self.proc.kill()
+        _, err = self.proc.communicate()
+        pytest.fail(f"{why}; stdout:\n" + "\n".join(self.seen[-40:]) + f"\nstderr:\n{err}")
+
+    def stop(self, sig: int) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=20)
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+def test_tracers_publish_and_the_viewer_merges_hosts(
+    tracefs: None, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    url = nats_server.url
+    asyncio.run(create_stream(url))
+    probe = tmp_path / "fleetprobe"
+    shutil.copy("/bin/true", probe)
+    hosts = ("alpha", "beta")
+    header = "HOST             " + TRACER_HEADER
+    with (
+        Lines("examples.fleet_view", "--nats", url) as viewer,
+        Lines("examples.bootstrap_legacy", "--nats", url, "--host", hosts[0]) as a,
+        Lines("examples.bootstrap_legacy", "--nats", url, "--host", hosts[1]) as b,
+    ):
+        for tracer in (a, b):
+            tracer.read_until(lambda seen: TRACER_HEADER in seen)
+        viewer.read_until(lambda seen: header in seen)
+        pid = subprocess.Popen([probe]).pid
+        os.waitpid(pid, 0)
+
+        def rows() -> list[tuple[str, Any]]:
+            return [
+                (line[:16].rstrip(), parse_row(line[17:]))
+                for line in viewer.seen[viewer.seen.index(header) + 1 :]
+            ]
+
+        def both_hosts_saw_it(_: list[str]) -> bool:
+            mine = {(h, r.event) for h, r in rows() if r.pid == pid and r.comm == "fleetprobe"}
+            return mine == {(h, e) for h in hosts for e in ("EXEC", "EXIT")}
+
+        viewer.read_until(both_hosts_saw_it)
+        exec_rows = [r for h, r in rows() if r.pid == pid and r.event == "EXEC"]
+        assert {r.detail for r in exec_rows} == {str(probe)}
+        assert {r.exit_code for h, r in rows() if r.pid == pid and r.event == "EXIT"} == {0}
+        assert {h for h, _ in rows()} <= set(hosts)
+        assert a.stop(signal.SIGINT) == 0 and b.stop(signal.SIGTERM) == 0
+        assert viewer.stop(signal.SIGTERM) == 0
+
+
+def test_tracer_with_a_missing_jetstream_stream_says_so_in_one_line(
+    tracefs: None, nats_server: NatsServer
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.bootstrap_legacy", "--nats", nats_server.url],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--nats" in lines[0] and "'APERF' does not exist" in lines[0]

@@ -20,6 +20,7 @@ import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from itertools import repeat as _repeat
 from typing import Any
 
 import nats.errors
@@ -45,6 +46,8 @@ DecoderChoice = Decoder | Mapping[str, Decoder | None] | None
 _Key = tuple[str, str, int]  # host, stream, epoch
 _Done = tuple[Msg, tuple[_Key, int]]  # a message, and which one, once its events are out
 _RETRY_PAUSE = 0.2  # seconds between fetches while the server is away
+_NEVER = 1 << 62
+_tuple_new = tuple.__new__
 
 
 @dataclass
@@ -115,9 +118,15 @@ class FleetReader:
         self._sources: dict[_Key, SourceTrack] = {}
         # Events built and not yet handed out. The last event of a message carries
         # the message, to be acknowledged when the consumer is done with the event.
-        self._held: deque[tuple[FleetEvent, _Done | None]] = deque()
+        self._held: deque[FleetEvent] = deque()
+        # Where each held message ends, counted in events ever queued, so a message is
+        # known done when that many events have been handed out.
+        self._ends: deque[tuple[int, _Done]] = deque()
+        self._queued = 0
+        self._handed = 0
+        self._next_end = _NEVER
         self._held_messages: set[tuple[_Key, int]] = set()
-        self._to_ack: _Done | None = None
+        self._to_ack: list[_Done] = []
         self._closed = False
         self._n = _Counts()
         self._last_problem = ""
@@ -191,33 +200,66 @@ class FleetReader:
     async def _events(self) -> AsyncIterator[FleetEvent]:
         # The held events live on the reader, not in this generator: a consumer that
         # breaks out of its loop continues where it stopped with the next loop.
-        if self._psub is None:
-            raise FleetClosedError("open the FleetReader first (async with, or await open())")
+        self._require_open()
         held = self._held
         while True:
-            await self._ack_done()
+            if self._to_ack:
+                await self._ack_done()
             if held:
-                event, done = held.popleft()
-                if done is not None:
-                    self._to_ack = done
-                yield event
+                self._handed += 1
+                if self._handed >= self._next_end:
+                    self._settle_ends()
+                yield held.popleft()
                 continue
             if self._closed:
                 return
             await self._fill()
 
+    async def batches(self, max_items: int = 1024) -> AsyncIterator[list[FleetEvent]]:
+        """Yield lists of up to ``max_items`` events, in order, without a per-item await.
+
+        Acknowledgement works as for ``async for``: a message is acknowledged when the
+        batch holding its last event has been handled (the next batch is asked for).
+        """
+        check_int("max_items", max_items, 1, 1 << 30)
+        self._require_open()
+        held = self._held
+        while True:
+            if self._to_ack:
+                await self._ack_done()
+            if held:
+                n = min(len(held), max_items)
+                batch = [held.popleft() for _ in range(n)]
+                self._handed += n
+                if self._handed >= self._next_end:
+                    self._settle_ends()
+                yield batch
+                continue
+            if self._closed:
+                return
+            await self._fill()
+
+    def _require_open(self) -> None:
+        if self._psub is None:
+            raise FleetClosedError("open the FleetReader first (async with, or await open())")
+
+    def _settle_ends(self) -> None:
+        """Messages whose last event is now handed out: acknowledged at the next step."""
+        ends = self._ends
+        while ends and ends[0][0] <= self._handed:
+            self._to_ack.append(ends.popleft()[1])
+        self._next_end = ends[0][0] if ends else _NEVER
+
     async def _ack_done(self) -> None:
-        done, self._to_ack = self._to_ack, None
-        if done is None:
-            return
-        msg, which = done
-        self._held_messages.discard(which)
-        try:
-            await msg.ack()
-        except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError):
-            # Not acknowledged: JetStream redelivers it after ack_wait, and this
-            # reader (if still running) drops the copy as a duplicate.
-            log.debug("fleet reader: ack not sent", durable=self._durable)
+        done, self._to_ack = self._to_ack, []
+        for msg, which in done:
+            self._held_messages.discard(which)
+            try:
+                await msg.ack()
+            except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError):
+                # Not acknowledged: JetStream redelivers it after ack_wait, and this
+                # reader (if still running) drops the copy as a duplicate.
+                log.debug("fleet reader: ack not sent", durable=self._durable)
 
     async def _fill(self) -> None:
         psub = self._psub
@@ -269,20 +311,25 @@ class FleetReader:
         events = self._build(frame)
         self._n.samples += frame.samples
         self._n.lost += lost
-        host, stream = frame.host, frame.stream
-        held = self._held
-        for event in events[:-1]:
-            held.append((FleetEvent(host, stream, event), None))
+        self._hold(frame, events)
         which = (key, frame.first)
-        held.append((FleetEvent(host, stream, events[-1]), (msg, which)))
+        self._ends.append((self._queued, (msg, which)))
+        if len(self._ends) == 1:
+            self._next_end = self._queued
         self._held_messages.add(which)
+
+    def _hold(self, frame: Frame, events: list[Any]) -> None:
+        # FleetEvents built at C speed: tuple.__new__ skips the named tuple's Python __new__.
+        rows = zip(_repeat(frame.host), _repeat(frame.stream), events)
+        self._held.extend(map(_tuple_new, _repeat(FleetEvent), rows))
+        self._queued += len(events)
 
     def _hand_gaps(self, frame: Frame, holes: list[Hole]) -> None:
         for hole in holes:
             self._n.gaps += 1
             self._n.gap_samples += hole.samples
             self._n.gap_lost += hole.lost
-            self._held.append((FleetEvent(frame.host, frame.stream, Gap(*hole)), None))
+        self._hold(frame, [Gap(*hole) for hole in holes])
 
     def _build(self, frame: Frame) -> list[Any]:
         if frame.kind != SAMPLES:
@@ -291,12 +338,15 @@ class FleetReader:
         decoder = self._decoder_for(frame.stream)
         cpus, datas = frame.cpus, frame.datas
         if decoder is None:
-            return list(map(Sample, cpus, datas))
-        if isinstance(decoder, SizedDecoder) and all(len(d) >= decoder.size for d in datas):
+            return list(map(_tuple_new, _repeat(Sample), zip(cpus, datas, _repeat(None))))
+        if isinstance(decoder, SizedDecoder) and min(map(len, datas)) >= decoder.size:
             try:
-                return list(map(Sample, cpus, datas, decoder.decode_many(datas)))
+                values = decoder.decode_many(datas)
             except Exception:
                 pass  # one of them does not decode: find which, one by one
+            else:
+                rows = zip(cpus, datas, values, strict=True)
+                return list(map(_tuple_new, _repeat(Sample), rows))
         events: list[Any] = []
         for cpu, data in zip(cpus, datas, strict=True):
             try:

@@ -70,6 +70,12 @@ class NatsServer:
         return f"nats://{auth}127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("the server is not running")
+        return self._proc.pid
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
