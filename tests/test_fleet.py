@@ -380,6 +380,14 @@ async def test_server_killed_and_restarted_mid_stream(
     await create_stream(url)
     window, max_pending = 4, 1024
     chunks, chunk = 200, 500  # 100k samples over a second or more; 64 pages hold 5461
+    produced = chunks * chunk + 1
+    # A reader that stays connected through the crash, next to one that comes after.
+    live = Fleet()
+    live_reader = FleetReader(url, durable="live", decoder=SEQ_TS)
+    await live_reader.open()
+    reading = asyncio.ensure_future(
+        read_fleet(live_reader, live, lambda: live.accounted("crashy") >= produced, 60)
+    )
     async with (
         JetStreamSink(url, host="crashy", window=window, ack_timeout=0.5) as sink,
         aperf.PerfStream(producer.map, pages=64, max_pending=max_pending) as stream,
@@ -414,25 +422,28 @@ async def test_server_killed_and_restarted_mid_stream(
         stream.close()
         await forward
     stats = sink.statistics()
-    produced = chunks * chunk + 1
     assert counters.ok + counters.failed == produced
+    assert stats.reconnects == 1
 
     fleet = Fleet()
     async with FleetReader(url, durable="after-crash", decoder=SEQ_TS) as reader:
         await read_fleet(reader, fleet, lambda: fleet.accounted("crashy") >= produced)
-    seqs = fleet.seqs["crashy"]
-    assert_unique(seqs)
-    fate = {
-        "received": len(seqs),
-        "lost in the kernel (Lost notices)": fleet.lost["crashy"],
-        "dropped by the sink": stats.dropped_samples,
-        "gone from JetStream (Gap)": fleet.gap_samples["crashy"] + fleet.gap_lost["crashy"],
-    }
-    print(f"\nrestart test, {produced} samples: {fate}; sink {stats}; reader {reader.statistics()}")
-    assert sum(fate.values()) == produced
-    assert fleet.lost["crashy"] == counters.failed  # the kernel's own count, forwarded
-    assert set(seqs) <= set(range(produced))
-    assert stats.reconnects == 1
+    await reading
+    await live_reader.aclose()
+    for name, seen, r in (("after", fleet, reader), ("live", live, live_reader)):
+        seqs = seen.seqs["crashy"]
+        assert_unique(seqs)
+        fate = {
+            "received": len(seqs),
+            "lost in the kernel (Lost notices)": seen.lost["crashy"],
+            "dropped by the sink": stats.dropped_samples,
+            "gone from JetStream (Gap)": seen.gap_samples["crashy"] + seen.gap_lost["crashy"],
+        }
+        print(f"\nrestart test, {produced} samples, {name} reader: {fate}; {r.statistics()}")
+        assert sum(fate.values()) == produced
+        assert seen.lost["crashy"] == counters.failed  # the kernel's own count, forwarded
+        assert set(seqs) <= set(range(produced))
+    print(f"sink: {stats}")
 
 
 @pytest.mark.asyncio

@@ -28,9 +28,9 @@ import os
 import socket
 import types
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import nats.errors
 from nats.aio.client import Client
@@ -66,6 +66,12 @@ class _Counts:
     samples_acknowledged: int = 0
     lost_forwarded: int = 0
     bad_forwarded: int = 0
+
+
+class BatchSource(Protocol):
+    """What :meth:`JetStreamSink.forward` reads: an :class:`aperf.PerfStream`, or alike."""
+
+    def batches(self, max_items: int = ...) -> AsyncIterator[list[Any]]: ...
 
 
 class _Pending:
@@ -143,6 +149,7 @@ class JetStreamSink:
         # connection than the current one is published again (what was on the old
         # socket may be gone), in order
         self._failure: BaseException | None = None
+        self._closing = False
         self._closed = False
         self._n = _Counts()
         self._dropped: Counter[str] = Counter()
@@ -200,6 +207,8 @@ class JetStreamSink:
         rest (counted as dropped), publish the end-of-stream message, disconnect."""
         if self._closed:
             return
+        self._closing = True  # no new messages: send() raises from now on
+        self._changed.set()
         nc = self._nc
         try:
             if nc is not None and self._failure is None:
@@ -233,7 +242,7 @@ class JetStreamSink:
 
     # --- forwarding ----------------------------------------------------------------------
 
-    async def forward(self, stream: Any) -> None:
+    async def forward(self, stream: BatchSource) -> None:
         """Forward every event of an open :class:`aperf.PerfStream` until it closes.
 
         Open the stream with ``decoder=None``: the raw bytes are what travels, and a
@@ -280,7 +289,7 @@ class JetStreamSink:
 
     def _require_open(self) -> Framer:
         self._raise_failure()
-        if self._closed:
+        if self._closing:
             raise FleetClosedError("this JetStreamSink is closed")
         if self._framer is None:
             raise FleetClosedError("open the JetStreamSink first (async with, or await open())")
@@ -298,7 +307,7 @@ class JetStreamSink:
         while True:
             self._changed.clear()
             self._raise_failure()
-            if self._closed:
+            if self._closing:
                 raise FleetClosedError("the sink was closed")
             if self._connected and len(self._inflight) < self._window:
                 return
