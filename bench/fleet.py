@@ -169,20 +169,22 @@ async def stored_bytes(url: str) -> float:
         await nc.close()
 
 
-async def read_back(url: str, expected: int) -> dict[str, Any]:
+async def read_back(url: str, server_pid: int, expected: int) -> dict[str, Any]:
     """A FleetReader decoding every stored sample, in this process."""
     decoder = aperf.decoders.from_struct("<QQ", "seq ts")
     got = 0
-    cpu0, t0 = time.thread_time(), time.monotonic()
+    cpu0, t0, srv0 = time.thread_time(), time.monotonic(), server_cpu(server_pid)
     async with FleetReader(url, durable="bench-read", decoder=decoder, batch=256) as reader:
         async for _host, _stream, event in reader:
             if event.__class__ is aperf.Sample:
                 got += 1
                 if got == expected:
                     break
-    t1, cpu1 = time.monotonic(), time.thread_time()
+        messages = reader.statistics().messages
+    t1, cpu1, srv1 = time.monotonic(), time.thread_time(), server_cpu(server_pid)
     return {"samples": got, "samples_per_s": got / (t1 - t0),
-            "cpu_us_per_sample": (cpu1 - cpu0) / got * 1e6}
+            "cpu_us_per_sample": (cpu1 - cpu0) / got * 1e6,
+            "server_cpu_us_per_message": (srv1 - srv0) / messages * 1e6}
 
 
 async def latency_run(url: str, rate: int, seconds: float, wakeup: str) -> dict[str, Any]:
@@ -190,8 +192,9 @@ async def latency_run(url: str, rate: int, seconds: float, wakeup: str) -> dict[
     await fresh_stream(url)
     chunk = max(1, rate // 100)  # a chunk every 10 ms
     total = chunk * int(seconds * 100)
+    warmup = rate // 5  # the first 0.2 s: the drain timer leaves its idle period (50 ms)
     reader = subprocess.Popen(
-        [sys.executable, __file__, "--reader", url, str(total)],
+        [sys.executable, __file__, "--reader", url, str(total), str(warmup)],
         stdout=subprocess.PIPE, text=True,
     )
     assert reader.stdout is not None
@@ -210,20 +213,26 @@ async def latency_run(url: str, rate: int, seconds: float, wakeup: str) -> dict[
             await task
     out, _ = await asyncio.to_thread(reader.communicate)
     lat = json.loads(out.splitlines()[-1])
-    return {"rate": rate, "wakeup": wakeup, "samples": total, **lat}
+    return {"rate": rate, "wakeup": wakeup, "samples": total, "warmup": warmup,
+            "load_average": os.getloadavg()[0], **lat}
 
 
-def reader_process(url: str, total: int) -> None:
-    """``--reader URL N``: hand out N samples, print latency quantiles (microseconds)."""
+def reader_process(url: str, total: int, warmup: int) -> None:
+    """``--reader URL N W``: hand out N samples, print the latency quantiles (microseconds)
+    of those after the first W."""
 
     async def run() -> None:
         lat: list[int] = []
+        got = 0
         async with FleetReader(url, durable="bench-latency", fetch_timeout=0.5) as reader:
             print("ready", flush=True)
             async for _host, _stream, event in reader:
                 if event.__class__ is aperf.Sample:
-                    lat.append(time.monotonic_ns() - sample_header(event.data)[1])
-                    if len(lat) == total:
+                    seq, ktime = sample_header(event.data)
+                    if seq >= warmup:
+                        lat.append(time.monotonic_ns() - ktime)
+                    got += 1
+                    if got == total:
                         break
         q = statistics.quantiles(lat, n=100)
         print(json.dumps({"p50_us": q[49] / 1e3, "p99_us": q[98] / 1e3,
@@ -242,18 +251,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"forward": [], "latency": []}
     with tempfile.TemporaryDirectory(prefix="aperf-fleet-bench-") as tmp, NatsServer(tmp) as srv:
         pid = srv.pid
-        for batch in [None, *args.batches]:
+        for batch in [None, *args.batches] if "forward" in args.parts else []:
             for rate in args.rates:
                 runs = [
                     await forward_run(srv.url, pid, rate, args.seconds, batch)
                     for _ in range(args.repeat)
                 ]
                 if batch == 256 and rate == args.rates[-1]:  # read the last run back
-                    results["read_back"] = await read_back(srv.url, runs[-1]["read"])
+                    results["read_back"] = await read_back(srv.url, pid, runs[-1]["read"])
                 best = median_run(runs)
                 results["forward"].append(best)
                 print(json.dumps(best), flush=True)
-        for wakeup in ("balanced", "lowest-latency"):
+        for wakeup in ("balanced", "lowest-latency") if "latency" in args.parts else ():
             for rate in (1_000, 10_000):
                 run = await latency_run(srv.url, rate, args.latency_seconds, wakeup)
                 results["latency"].append(run)
@@ -297,16 +306,17 @@ def table(results: dict[str, Any]) -> str:
     back = results.get("read_back")
     if back:
         rows += ["", f"FleetReader decoding a batch-256 run back: {back['samples_per_s']:,.0f} "
-                 f"samples/s, {back['cpu_us_per_sample']:.2f} µs of its thread per sample."]
-    loads = [r["load_average"] for r in results["forward"]]
+                 f"samples/s, {back['cpu_us_per_sample']:.2f} µs of its thread per sample; "
+                 f"nats-server {back['server_cpu_us_per_message']:.1f} µs per message delivered."]
+    loads = [r["load_average"] for r in results["forward"] + results["latency"]]
     rows += ["", f"1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f} "
              f"on {os.cpu_count()} CPUs."]
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--reader":
-        reader_process(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--reader":
+        reader_process(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one repeat, short latency runs")
@@ -314,6 +324,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--rates", type=int, nargs="+", default=[250_000, 1_000_000, 4_000_000],
         help="offered samples/s (4 M is about the producer's peak here)",
+    )
+    parser.add_argument(
+        "--parts", nargs="+", choices=("forward", "latency"), default=["forward", "latency"]
     )
     cli = parser.parse_args()
     cli.repeat = 1 if cli.quick else 3

@@ -261,6 +261,33 @@ async def test_events_keep_their_order_kind_and_host(nats_server: NatsServer) ->
 
 
 @pytest.mark.asyncio
+async def test_a_message_jetstream_refuses_is_dropped_counted_and_seen_as_a_gap(
+    nats_server: NatsServer,
+) -> None:
+    url = nats_server.url
+    nc = await nats.connect(url)
+    try:  # a stream that refuses messages over 2000 bytes
+        await nc.jetstream().add_stream(name="APERF", subjects=["aperf.>"], max_msg_size=2000)
+    finally:
+        await nc.close()
+    async with JetStreamSink(url, host="h", name="big") as sink:
+        await sink.send([seq_sample(0, 0)])
+        await sink.send([seq_sample(0, i) for i in range(1, 101)])  # 3.8 kB: refused
+        await sink.flush()
+        await sink.send([seq_sample(0, 101)])
+    stats = sink.statistics()
+    assert stats.dropped_samples == 100 and stats.samples_acknowledged == 2
+    [(reason, count)] = stats.dropped.items()
+    assert count == 100 and reason.startswith("rejected by JetStream") and "size" in reason
+
+    fleet = Fleet()
+    async with FleetReader(url, durable="gap", decoder=SEQ_TS) as reader:
+        await read_fleet(reader, fleet, lambda: fleet.accounted("h") >= 102)
+    assert fleet.seqs["h"] == [0, 101]
+    assert fleet.gaps == [("h", Gap(first=1, count=100, samples=100, lost=0))]
+
+
+@pytest.mark.asyncio
 async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)
