@@ -188,13 +188,23 @@ def test_frames_split_by_bytes_and_refuse_bad_input() -> None:
     assert all(len(o.payload) <= 70_000 for o in outs)
     with pytest.raises(TypeError, match=r"aperf\.Sample"):
         framer.frame([("not", "an event")], watermark=0)
-    with pytest.raises(ValueError, match="too large"):
+    with pytest.raises(ValueError, match="longer than a perf record"):
         framer.frame([aperf.Sample(0, bytes(70_000))], watermark=0)
+    small = Framer("h", "s", 1, max_events=1000, max_bytes=1_000)  # below one sample: alone
+    assert [o.count for o in small.frame([aperf.Sample(0, bytes(3000))] * 2, 0)] == [1, 1]
     with pytest.raises(ValueError, match="host"):
         Framer("has space", "s", 1, max_events=1, max_bytes=70_000)
     for garbage in (b"", b"APF1" + bytes(10), b"XXXX" + bytes(60), outs[0].payload[:-1]):
         with pytest.raises(FrameError):
             parse(garbage)
+
+
+def test_without_nats_py_the_import_error_names_the_extra() -> None:
+    code = "import sys; sys.modules['nats'] = None; import aperf.fleet"  # as if not installed
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "ImportError: aperf.fleet needs nats-py" in result.stderr
+    assert "pip install 'aperf[nats]'" in result.stderr
 
 
 def test_sequence_tracking_reports_each_hole_once_and_exactly() -> None:
@@ -270,21 +280,23 @@ async def test_a_message_jetstream_refuses_is_dropped_counted_and_seen_as_a_gap(
         await nc.jetstream().add_stream(name="APERF", subjects=["aperf.>"], max_msg_size=2000)
     finally:
         await nc.close()
+    big = aperf.Sample(0, struct.pack("<QQ", 100, 0) + bytes(2984))
     async with JetStreamSink(url, host="h", name="big") as sink:
-        await sink.send([seq_sample(0, 0)])
-        await sink.send([seq_sample(0, i) for i in range(1, 101)])  # 3.8 kB: refused
+        # The sink fits its messages to the stream's limit: 100 samples go in two.
+        await sink.send([seq_sample(0, i) for i in range(100)])
+        await sink.send([big])  # a 3000-byte sample cannot fit: sent alone, refused
         await sink.flush()
         await sink.send([seq_sample(0, 101)])
     stats = sink.statistics()
-    assert stats.dropped_samples == 100 and stats.samples_acknowledged == 2
+    assert stats.dropped_samples == 1 and stats.samples_acknowledged == 101
     [(reason, count)] = stats.dropped.items()
-    assert count == 100 and reason.startswith("rejected by JetStream") and "size" in reason
+    assert count == 1 and reason.startswith("rejected by JetStream") and "size" in reason
 
     fleet = Fleet()
     async with FleetReader(url, durable="gap", decoder=SEQ_TS) as reader:
         await read_fleet(reader, fleet, lambda: fleet.accounted("h") >= 102)
-    assert fleet.seqs["h"] == [0, 101]
-    assert fleet.gaps == [("h", Gap(first=1, count=100, samples=100, lost=0))]
+    assert fleet.seqs["h"] == [*range(100), 101]
+    assert fleet.gaps == [("h", Gap(first=100, count=1, samples=1, lost=0))]
 
 
 @pytest.mark.asyncio

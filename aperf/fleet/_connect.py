@@ -140,17 +140,18 @@ async def stream_info(js: JetStreamContext, jetstream: str) -> StreamInfo:
         raise _no_jetstream(exc) from None
 
 
-async def check_stream(js: JetStreamContext, jetstream: str, subject: str) -> None:
-    """FleetConfigError unless JetStream is on and stream ``jetstream`` takes ``subject``."""
+async def check_stream(js: JetStreamContext, jetstream: str, subject: str) -> StreamInfo:
+    """The info of stream ``jetstream``; FleetConfigError unless JetStream is on and that
+    stream takes ``subject``."""
     try:
         found: str | None = await js.find_stream_name_by_subject(subject)
     except nats.js.errors.NotFoundError:
         found = None
     except _NO_JETSTREAM as exc:
         raise _no_jetstream(exc) from None
-    if found == jetstream:
-        return
     info = await stream_info(js, jetstream)
+    if found == jetstream:
+        return info
     subjects = ", ".join(info.config.subjects or []) or "none"
     raise FleetConfigError(
         "jetstream", f"the JetStream stream {jetstream!r} does not take subject {subject!r} "

@@ -172,20 +172,26 @@ class JetStreamSink:
             options=self._connect_options,
         )
         try:
-            await check_stream(nc.jetstream(), self._jetstream, self._subject)
+            info = await check_stream(nc.jetstream(), self._jetstream, self._subject)
             if nc.max_payload < MIN_MESSAGE_BYTES:
                 raise FleetConfigError(
                     "servers", f"the server's max_payload ({nc.max_payload} bytes) is below "
                     f"the {MIN_MESSAGE_BYTES} bytes a 64 KiB sample needs"
                 )
+            # Messages as large as the stream takes (headers and subject count toward
+            # its max_msg_size; 512 bytes is room for ours). A sample too large even
+            # alone is still sent, refused, and counted as dropped.
+            limit = info.config.max_msg_size or -1
+            max_bytes = min(self._max_bytes, nc.max_payload)
+            if limit > 0:
+                max_bytes = min(max_bytes, max(limit - 512, 1024))
             self._inbox = nc.new_inbox() + "."
             await nc.subscribe(self._inbox + "*", cb=self._on_ack)
         except BaseException:
             await nc.close()
             raise
         self._framer = Framer(
-            self._host, self._name, self._epoch,
-            max_events=self._batch, max_bytes=min(self._max_bytes, nc.max_payload),
+            self._host, self._name, self._epoch, max_events=self._batch, max_bytes=max_bytes
         )
         self._nc = nc
         self._connected = True
