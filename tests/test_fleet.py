@@ -300,6 +300,28 @@ async def test_a_message_jetstream_refuses_is_dropped_counted_and_seen_as_a_gap(
 
 
 @pytest.mark.asyncio
+async def test_concurrent_senders_never_claim_what_is_not_stored(nats_server: NatsServer) -> None:
+    """Messages waiting for room are not settled: no watermark may pass them (no false Gap)."""
+    url = nats_server.url
+    await create_stream(url)
+    tasks, per_task, batch = 20, 5, 4
+    async with JetStreamSink(url, host="h", name="many", window=1, batch=batch) as sink:
+
+        async def sender(k: int) -> None:
+            for j in range(per_task):
+                base = (k * per_task + j) * batch
+                await sink.send([seq_sample(0, base + i) for i in range(batch)])
+
+        await asyncio.gather(*(sender(k) for k in range(tasks)))
+    total = tasks * per_task * batch
+    fleet = Fleet()
+    async with FleetReader(url, durable="many", decoder=SEQ_TS) as reader:
+        await read_fleet(reader, fleet, lambda: fleet.accounted("h") >= total)
+    assert fleet.gaps == []
+    assert sorted(fleet.seqs["h"]) == list(range(total))
+
+
+@pytest.mark.asyncio
 async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)

@@ -141,6 +141,9 @@ class JetStreamSink:
         self._inbox = ""
         self._supervisor: asyncio.Task[None] | None = None
         self._inflight: dict[int, _Pending] = {}  # by first sequence number, in order
+        # First sequence numbers of every message framed and neither acknowledged nor
+        # given up, in order: its first key is the watermark the next message carries.
+        self._unsettled: dict[int, None] = {}
         self._inflight_bytes = 0
         self._changed = asyncio.Event()  # an ack, a drop, a (re)connection, a failure
         self._wake = asyncio.Event()  # the supervisor has something to look at
@@ -263,6 +266,8 @@ class JetStreamSink:
         waiting while the window is full or the connection is down."""
         framer = self._require_open()
         outs = framer.frame(events, self._watermark(framer))
+        for out in outs:
+            self._unsettled[out.first] = None
         sent = 0
         try:
             for out in outs:
@@ -281,6 +286,7 @@ class JetStreamSink:
             # counted, and readers will see a Gap for them.
             for out in outs[sent:]:
                 self._dropped["not published: send() was interrupted"] += out.samples + out.lost
+                del self._unsettled[out.first]
 
     async def flush(self) -> None:
         """Wait until every published message is acknowledged (or given up)."""
@@ -306,8 +312,9 @@ class JetStreamSink:
             raise self._failure
 
     def _watermark(self, framer: Framer) -> int:
-        """Every event below this is acknowledged or given up: the first one in flight."""
-        return next(iter(self._inflight), framer.next_seq)
+        """Every event below this is acknowledged or given up: the first event of the
+        first message framed and not settled (in flight, or waiting for room)."""
+        return next(iter(self._unsettled), framer.next_seq)
 
     async def _room(self) -> None:
         while True:
@@ -384,6 +391,7 @@ class JetStreamSink:
 
     def _settle(self, pending: _Pending) -> None:
         del self._inflight[pending.out.first]
+        del self._unsettled[pending.out.first]
         self._inflight_bytes -= len(pending.out.payload)
         self._changed.set()
 
