@@ -428,6 +428,12 @@ class JetStreamSink:
 
     async def _supervise(self) -> None:
         """Re-publish messages whose acknowledgement is overdue, and all after a reconnect."""
+        try:
+            await self._resend_forever()
+        except Exception as exc:  # pragma: no cover - a bug; surfaced by send(), not lost
+            self._fail(exc)
+
+    async def _resend_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
