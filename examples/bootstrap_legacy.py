@@ -224,6 +224,8 @@ async def trace(args: argparse.Namespace) -> int:
         stop_requested = True
         if stream is not None:
             stream.close()
+        if sink is not None:  # a send() waiting for JetStream gives up (counted as dropped)
+            closing.append(asyncio.ensure_future(sink.aclose(timeout=1.0)))
 
     # Installed before loading: a signal during the (synchronous) load is only
     # delivered to request_stop once the loop runs again, and then closes the stream.
@@ -231,7 +233,8 @@ async def trace(args: argparse.Namespace) -> int:
     for sig in signals:
         loop.add_signal_handler(sig, request_stop)
     out = Output()
-    sink = None
+    sink: Any = None
+    closing: list[asyncio.Future[None]] = []
     try:
         sink = await open_sink(args)
         with tracer_object(args.object, args.duration * 1_000_000) as obj:
@@ -243,8 +246,6 @@ async def trace(args: argparse.Namespace) -> int:
                 if not args.json:
                     out.write(HEADER)
                 async for batch in stream.batches():
-                    if sink is not None:
-                        await sink.send(batch)  # waits (backpressure) if JetStream is slow
                     for item in batch:
                         match item:
                             case aperf.Sample(value=event):
@@ -259,6 +260,12 @@ async def trace(args: argparse.Namespace) -> int:
                                 warn(f"Lost {count} events on CPU #{cpu}!")
                             case aperf.BadSample(cpu=cpu, error=error):
                                 warn(f"Bad sample on CPU #{cpu}: {error}")
+                    if sink is not None and not stop_requested:
+                        try:
+                            await sink.send(batch)  # waits (backpressure) if JetStream is slow
+                        except aperf.AperfError:
+                            if not stop_requested:  # else: Ctrl-C closed the sink meanwhile
+                                raise
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

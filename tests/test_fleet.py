@@ -700,3 +700,17 @@ def test_tracer_with_a_missing_jetstream_stream_says_so_in_one_line(
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--nats" in lines[0] and "'APERF' does not exist" in lines[0]
+
+
+def test_tracer_stops_at_once_while_jetstream_is_away(
+    tracefs: None, nats_server: NatsServer
+) -> None:
+    """Ctrl-C must not wait for the server: the sink gives up, counting what it held."""
+    asyncio.run(create_stream(nats_server.url))
+    with Lines("examples.bootstrap_legacy", "--nats", nats_server.url, "--host", "h") as tracer:
+        tracer.read_until(lambda seen: TRACER_HEADER in seen)
+        nats_server.kill()
+        subprocess.run(["/bin/true"], check=True)  # printed, then held by the waiting sink
+        tracer.read_until(lambda seen: any(" EXEC  true " in line for line in seen))
+        time.sleep(0.5)  # the tracer is now waiting in send() for a server that is gone
+        assert tracer.stop(signal.SIGINT) == 0

@@ -154,6 +154,7 @@ class JetStreamSink:
         self._failure: BaseException | None = None
         self._closing = False
         self._closed = False
+        self._closed_event = asyncio.Event()
         self._n = _Counts()
         self._dropped: Counter[str] = Counter()
 
@@ -213,8 +214,13 @@ class JetStreamSink:
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` seconds for the acknowledgements still due, give up the
-        rest (counted as dropped), publish the end-of-stream message, disconnect."""
-        if self._closed:
+        rest (counted as dropped), publish the end-of-stream message, disconnect.
+
+        Callable from another task: a ``send()`` waiting for room raises
+        :class:`FleetClosedError` at once.
+        """
+        if self._closing:  # closed, or being closed by another task: wait for it
+            await self._closed_event.wait()
             return
         self._closing = True  # no new messages: send() raises from now on
         self._changed.set()
@@ -229,6 +235,7 @@ class JetStreamSink:
                 await self._publish_end(nc, self._framer, timeout)
         finally:
             self._closed = True
+            self._closed_event.set()
             self._changed.set()
             if self._supervisor is not None:
                 self._supervisor.cancel()
