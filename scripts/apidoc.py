@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aperf
 import aperf.decoders
+import aperf.fleet
+import aperf.fleet.testing
 import aperf.testing
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "api.md"
@@ -57,6 +59,8 @@ def render() -> str:
         (aperf, aperf.__all__),
         (aperf.decoders, aperf.decoders.__all__),
         (aperf.testing, aperf.testing.__all__),
+        (aperf.fleet, aperf.fleet.__all__),
+        (aperf.fleet.testing, aperf.fleet.testing.__all__),
     ):
         parts += [f"## `{module.__name__}`", "", _doc(module), ""]
         for name in names:
