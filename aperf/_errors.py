@@ -133,6 +133,21 @@ def privileges_hint(caps: int | None, context: str = "") -> str:
     )
 
 
+class Win32Error(AperfError, OSError):
+    """A Windows API call (``kernel32``: events and waits) failed.
+
+    ``winerror`` is ``GetLastError()``'s code, ``function`` the API's name.
+    """
+
+    function: str
+
+    def __init__(self, winerror: int, function: str, detail: str = "") -> None:
+        message = f"{function}() failed with Windows error {winerror}"
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.winerror = winerror
+        self.function = function
+
+
 # --- BPF objects -------------------------------------------------------------
 
 

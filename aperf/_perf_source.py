@@ -127,11 +127,12 @@ class _LibbpfReadRing(_KernelPerfRing):
         return self._rings.consume_records(self._index)
 
 
-class PerfEventArraySource:
-    """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
+class MapBackedSource:
+    """What every perf event array source shares (Linux here, eBPF for Windows in
+    ``_ebpfwin``): the map the user named, its name, sizes once open, and the
+    claim that keeps a second reader in this process off the same map."""
 
-    handle_kind: HandleKind = "fd"
-    records: RecordFormat = PERF_RECORDS
+    _takeover = "silently take its CPU slots"  # what a second reader would do
 
     def __init__(self, source: MapSource) -> None:
         if isinstance(source, bool) or not isinstance(source, Map | int | str | os.PathLike):
@@ -143,8 +144,6 @@ class PerfEventArraySource:
         self.name = source.name if isinstance(source, Map) else (
             f"fd {source}" if isinstance(source, int) else os.fspath(source)
         )
-        self._rings: lb.PerfRings | None = None
-        self._map_fd = -1
         self._claimed = 0
         self._ring_bytes = 0
         self._memory_bytes = 0
@@ -162,6 +161,35 @@ class PerfEventArraySource:
     @property
     def memory_bytes(self) -> int:
         return self._memory_bytes
+
+    def _claim(self) -> None:
+        with _claims_lock:
+            holder = _claims.get(self.map_id)
+            if holder is not None:
+                raise BusyResourceError(
+                    f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
+                    f"a second reader would {self._takeover}. Close the first one."
+                )
+            _claims[self.map_id] = f"a stream opened as {self.name}"
+            self._claimed = self.map_id
+
+    def _release_claim(self) -> None:
+        if self._claimed:
+            with _claims_lock:
+                _claims.pop(self._claimed, None)
+            self._claimed = 0
+
+
+class PerfEventArraySource(MapBackedSource):
+    """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
+
+    handle_kind: HandleKind = "fd"
+    records: RecordFormat = PERF_RECORDS
+
+    def __init__(self, source: MapSource) -> None:
+        super().__init__(source)
+        self._rings: lb.PerfRings | None = None
+        self._map_fd = -1
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
         if self._rings is not None:
@@ -242,17 +270,6 @@ class PerfEventArraySource:
             exc.detail = f"opening pinned map {path!r}"
             raise
 
-    def _claim(self) -> None:
-        with _claims_lock:
-            holder = _claims.get(self.map_id)
-            if holder is not None:
-                raise BusyResourceError(
-                    f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
-                    "a second reader would silently take its CPU slots. Close the first one."
-                )
-            _claims[self.map_id] = f"a stream opened as {self.name}"
-            self._claimed = self.map_id
-
     def acknowledge(self, handle: int) -> None:
         """Nothing to do: polling a perf fd clears its readiness."""
 
@@ -276,10 +293,7 @@ class PerfEventArraySource:
             if rings is not None:
                 rings.free()
         finally:
-            if self._claimed:
-                with _claims_lock:
-                    _claims.pop(self._claimed, None)
-                self._claimed = 0
+            self._release_claim()
             fd, self._map_fd = self._map_fd, -1
             if fd >= 0:
                 os.close(fd)

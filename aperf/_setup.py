@@ -11,6 +11,7 @@ from __future__ import annotations
 import keyword
 import re
 import struct
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,9 +44,14 @@ def is_ring_source(value: object) -> bool:
 
 
 def resolve_source(spec: object) -> RingSource:
-    """A ring source from what the user passed: a source itself, or a perf event array."""
+    """A ring source from what the user passed: a source itself, or a perf event array
+    (of eBPF for Windows on Windows, else of the Linux kernel)."""
     if is_ring_source(spec):
         return spec  # type: ignore[return-value]
+    if sys.platform == "win32":
+        from ._ebpfwin import WindowsPerfSource
+
+        return WindowsPerfSource(spec)  # type: ignore[arg-type]  # it checks the type itself
     return PerfEventArraySource(spec)  # type: ignore[arg-type]  # it checks the type itself
 
 

@@ -105,7 +105,7 @@ async def trace(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.main(
         argv, name=PROG, command=f"python -m examples.{PROG}", default_object=DEFAULT_OBJECT,
-        trace=trace,
+        trace=trace, fleet=False,  # publishing to NATS (--nats) is the tool's: aperf-trace
     )
 
 

@@ -24,8 +24,10 @@ REQUIRE_BPF = os.environ.get("APERF_REQUIRE_BPF", "") not in ("", "0")
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    import uvloop
-
+    try:
+        import uvloop
+    except ImportError:  # Windows: uvloop does not exist there
+        return {"asyncio": asyncio.new_event_loop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 

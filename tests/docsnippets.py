@@ -28,11 +28,17 @@ on the rendered page), separated by ``;``:
   may be left out in between, and a ``...`` line, which tells the reader so, is
   not looked for.
 
-``python`` blocks run as a script with the interpreter running the tests;
-``sh``/``bash`` blocks with ``bash -euo pipefail``; both from the root of the
-checkout, with the virtual environment's ``bin`` removed from ``PATH`` (a reader
-who did not activate it types ``.venv/bin/python``). Blocks in other languages
-(output, C, JSON, ...) are not run; they may be marked ``excerpt of``.
+- ``run``: nothing special; a shell block that is safe to run as written.
+
+``python`` blocks run as a script with the interpreter running the tests, unless
+marked otherwise. ``sh``/``bash`` blocks run with ``bash -euo pipefail`` only when
+a directive above says how (``run`` at least): commands can install packages or
+start servers, so a shell block without a directive is an error, never run (a
+page merged from elsewhere must not change the machine the tests run on). Both
+run from the root of the checkout, with the virtual environment's ``bin``
+removed from ``PATH`` (a reader who did not activate it types
+``.venv/bin/python``). Blocks in other languages (output, C, JSON, ...) are not
+run; they may be marked ``excerpt of``.
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNABLE = {"python", "sh", "bash"}
-DIRECTIVES = {
-    "not run", "needs root", "needs the toolchain", "runs until Ctrl-C", "runs until SIGTERM",
-    "expect",
-    "in a scratch copy of", "timeout", "excerpt of",
+SHELL = {"sh", "bash"}
+HOW_TO_RUN = {
+    "run", "needs root", "needs the toolchain", "runs until Ctrl-C", "runs until SIGTERM",
+    "expect", "in a scratch copy of", "timeout",
 }
+DIRECTIVES = HOW_TO_RUN | {"not run", "excerpt of"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)[ \t]*(?P<lang>[\w+-]*)")
 _COMMENT = re.compile(r"^\s*<!--\s*(?P<body>.*?)\s*-->\s*$")
 
@@ -66,11 +73,9 @@ class Block:
 
     @property
     def runnable(self) -> bool:
-        return (
-            self.lang in RUNNABLE
-            and "not run" not in self.directives
-            and "excerpt of" not in self.directives
-        )
+        if self.lang not in RUNNABLE or {"not run", "excerpt of"} & set(self.directives):
+            return False
+        return self.lang not in SHELL or bool(HOW_TO_RUN & set(self.directives))
 
     @property
     def kernel_tier(self) -> bool:

@@ -22,6 +22,7 @@ from .docsnippets import (
     DIRECTIVES,
     REPO,
     RUNNABLE,
+    SHELL,
     Block,
     all_blocks,
     excerpt_mismatch,
@@ -160,6 +161,12 @@ def test_directives_are_known_and_skips_say_why() -> None:
             assert set(block.directives) <= {"excerpt of", "not run"}, (
                 f"{block.where}: a {block.lang or 'plain'} block is not run"
             )
+        if block.lang in SHELL:
+            assert block.directives, (
+                f"{block.where}: a shell block says how to run it: '<!-- run -->' (or another "
+                "directive, tests/docsnippets.py) if it is safe to run as written, else "
+                "'<!-- not run: REASON -->'"
+            )
 
 
 def test_the_runner_finds_the_blocks() -> None:
@@ -168,3 +175,20 @@ def test_the_runner_finds_the_blocks() -> None:
     assert {"README.md", "docs/rings.md", "docs/testing.md"} <= pages
     assert len(RUN) >= 15 and len(EXCERPTS) >= 5
     assert any("(docstring)" in b.where for b in RUN)
+
+
+def test_every_page_gets_into_the_site_nav() -> None:
+    # A page that mkdocs.yml's nav does not name (one merged from another branch)
+    # goes under "More" (scripts/mkdocs_hooks.py) instead of being left unreachable.
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import get_files
+
+    import scripts.mkdocs_hooks as hooks
+
+    config = load_config(str(REPO / "mkdocs.yml"))
+    files = get_files(config)
+    pages = {f.src_uri for f in files.documentation_pages()}
+    config.nav = [entry for entry in config.nav if entry != {"Home": "index.md"}]  # as if new
+    hooks.on_files(files, config)
+    assert pages and pages <= hooks._named(config.nav), sorted(pages - hooks._named(config.nav))
+    assert config.nav[-1] == {"More": ["index.md"]}

@@ -427,9 +427,13 @@ def map_info(fd: int) -> MapInfo:
     # which this struct would misread as a map's.
     if object_kind(fd) != "map":
         raise LibbpfError(errno.EINVAL, "bpf_obj_get_info_by_fd", f"fd {fd} is not a BPF map")
-    info = _bpf_map_info()
+    return read_map_info(fd, _bpf_map_info(), c.bpf_obj_get_info_by_fd)
+
+
+def read_map_info(fd: int, info: Any, get_info: Any) -> MapInfo:
+    """``get_info`` (a ``bpf_obj_get_info_by_fd``) into ``info`` (its ``bpf_map_info``)."""
     size = ctypes.c_uint32(ctypes.sizeof(info))
-    c.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size))
+    get_info(fd, ctypes.byref(info), ctypes.byref(size))
     return MapInfo(
         type=info.type,
         id=info.id,

@@ -25,8 +25,10 @@ from ..docsnippets import REPO, reference_targets
 
 
 def public_modules() -> list[str]:
-    found = [f"aperf.{m.name}" for m in pkgutil.iter_modules(aperf.__path__)]
-    return ["aperf", *sorted(name for name in found if not name.split(".")[-1].startswith("_"))]
+    """aperf and every module below it whose dotted name has no part with a leading _."""
+    found = [m.name for m in pkgutil.walk_packages(aperf.__path__, "aperf.")]
+    public = [name for name in found if not any(p.startswith("_") for p in name.split("."))]
+    return ["aperf", *sorted(public)]
 
 
 def public_names() -> list[str]:
@@ -73,7 +75,10 @@ def _doc(obj: Any) -> str:
 def test_every_public_name_is_in_the_reference() -> None:
     shown = reference_targets()
     missing = sorted(set(public_names()) - set(shown))
-    pages = {name.rpartition(".")[0].removeprefix("aperf.") or "aperf" for name in missing}
+    pages = {
+        name.rpartition(".")[0].removeprefix("aperf.").replace(".", "-") or "aperf"
+        for name in missing
+    }
     assert not missing, (
         f"not in the API reference: {missing}; add '::: NAME' lines to "
         + ", ".join(f"docs/reference/{p}.md" for p in sorted(pages))
@@ -129,7 +134,7 @@ def test_every_module_has_all() -> None:
 
 def test_the_checks_see_the_api() -> None:
     # Discovery that found nothing would make every check above pass vacuously.
-    assert {"aperf", "aperf.decoders", "aperf.testing"} <= set(public_modules())
+    assert {"aperf", "aperf.decoders", "aperf.testing", "aperf.fleet"} <= set(public_modules())
     assert {"aperf.PerfStream", "aperf.testing.Producer", "aperf.decoders.from_btf"} <= set(
         reference_targets()
     )
