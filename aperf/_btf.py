@@ -130,7 +130,7 @@ class _BtfCompiler:
 def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
     """Decode samples as the C struct ``type_name`` described by ``obj``'s BTF.
 
-    ``obj`` is an :class:`aperf.BPFObject` (open); ``type_name`` a struct name
+    ``obj`` is an open [`BPFObject`][aperf.BPFObject]; ``type_name`` a struct name
     (``"event"`` or ``"struct event"``) or a typedef of a struct. Integers of every width and
     signedness, bool, enums (as ``IntEnum`` members when the value is named),
     nested structs and fixed arrays are supported; ``char[N]`` becomes ``str``.
@@ -139,7 +139,7 @@ def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
     btf = obj._btf()
     if btf is None:
         raise UnknownNameError("BTF type (the object has no BTF)", name, [])
-    type_id = find_struct(btf, name)
+    type_id = find_struct(btf, name, obj.path)
     compiler = _BtfCompiler(btf)
     expr = compiler.compile(type_id, 0)
     packed = struct.Struct("<" + "".join(compiler.fmt))
@@ -160,8 +160,11 @@ def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
     return SizedDecoder(f"struct {name}", packed, build, many)
 
 
-def find_struct(btf: lb.Btf, name: str) -> int:
-    """The type id of struct ``name``, or of the struct a typedef ``name`` stands for."""
+def find_struct(btf: lb.Btf, name: str, path: str = "the object") -> int:
+    """The type id of struct ``name``, or of the struct a typedef ``name`` stands for.
+
+    ``path`` names the object file in the error's hint.
+    """
     type_id = btf.find(name, lb.BTF_KIND_STRUCT)
     if type_id is not None:
         return type_id
@@ -175,7 +178,18 @@ def find_struct(btf: lb.Btf, name: str) -> int:
         t = btf.type(i)
         if t.name and lb.BTF_KIND_STRUCT in (t.kind, btf.skip_modifiers(t.id).kind):
             known.append(t.name)
-    raise UnknownNameError("struct in the object's BTF", name, known)
+    raise UnknownNameError("struct in the object's BTF", name, known, struct_hint(name, path))
+
+
+def struct_hint(name: str, path: str) -> str:
+    """How a struct gets into an object's BTF: the usual cause of a miss."""
+    return (
+        "clang writes a struct into the object's BTF only if a global variable or a "
+        "function's signature uses it, not a stack variable (such as the one handed to "
+        f"bpf_perf_event_output()): add e.g. 'struct {name} *unused_{name} "
+        "__attribute__((unused));' to the .bpf.c and rebuild; "
+        f"'bpftool btf dump file {path} | grep STRUCT' lists the structs it holds"
+    )
 
 
 # --- globals ---------------------------------------------------------------------------

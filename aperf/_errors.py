@@ -49,10 +49,105 @@ class LibbpfError(AperfError, OSError):
 
 
 class MissingPrivilegesError(LibbpfError, PermissionError):
-    """The kernel refused for lack of privileges (run as root, or with CAP_BPF and CAP_PERFMON)."""
+    """The kernel refused for lack of privileges; the message says what this process lacks.
+
+    Loading BPF programs needs root, or CAP_BPF and CAP_PERFMON. Attaching a
+    tracepoint also reads its id from tracefs (``/sys/kernel/tracing``, mode 0700
+    on most systems), which takes root or CAP_DAC_READ_SEARCH. ``capabilities``
+    holds the effective capability mask of the process when the call failed
+    (None where ``/proc`` cannot tell).
+    """
+
+    def __init__(
+        self, err: int, function: str, detail: str = "", message: str | None = None
+    ) -> None:
+        super().__init__(err, function, detail, message)
+        self.capabilities = effective_capabilities()
 
     def __str__(self) -> str:
-        return super().__str__() + " (BPF needs root, or CAP_BPF + CAP_PERFMON)"
+        return f"{super().__str__()} ({self.hint})"
+
+    @property
+    def hint(self) -> str:
+        """What this process lacks, as far as aperf can tell (the end of the message)."""
+        return privileges_hint(self.capabilities, f"{self.detail}\n{self.log}")
+
+
+# Capability bits (linux/capability.h) that BPF tracing needs.
+CAP_DAC_READ_SEARCH = 2
+CAP_IPC_LOCK = 14
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+_TRACEFS_PATHS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+def effective_capabilities() -> int | None:
+    """The CapEff mask of this process (``/proc/self/status``), or None if it cannot tell."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _has(caps: int, bit: int) -> bool:
+    return bool(caps >> bit & 1)
+
+
+def privileges_hint(caps: int | None, context: str = "") -> str:
+    """Why the kernel may have refused, given the effective capabilities ``caps``.
+
+    ``context`` is what libbpf said: a refused read under tracefs names its
+    path, and the fix is then access to tracefs, not more BPF capabilities.
+    """
+    tracefs = "attaching a tracepoint reads its id from tracefs (/sys/kernel/tracing)"
+    if caps is None:
+        return (
+            f"BPF needs root, or CAP_BPF and CAP_PERFMON; {tracefs}, which takes root "
+            "or CAP_DAC_READ_SEARCH"
+        )
+    lacking = [] if _has(caps, CAP_SYS_ADMIN) else [
+        name for bit, name in ((CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON"))
+        if not _has(caps, bit)
+    ]
+    if lacking:
+        missing = " and ".join(lacking)
+        return f"BPF needs root, or CAP_BPF and CAP_PERFMON; this process lacks {missing}"
+    if any(path in context for path in _TRACEFS_PATHS) and not _has(caps, CAP_DAC_READ_SEARCH):
+        return (
+            f"this process has the BPF capabilities, but {tracefs}, which it cannot read: "
+            "run as root, or add CAP_DAC_READ_SEARCH"
+        )
+    if "mmap" in context and not _has(caps, CAP_IPC_LOCK):
+        return (
+            "the rings are over the memory an unprivileged process may lock for perf rings "
+            "(kernel.perf_event_mlock_kb per CPU for each user, then RLIMIT_MEMLOCK): use "
+            "smaller rings (pages=), raise 'ulimit -l', or add CAP_IPC_LOCK"
+        )
+    return (
+        "this process has the BPF capabilities (CAP_BPF and CAP_PERFMON), so something else "
+        "refused, e.g. a security module, kernel lockdown or a file's permissions; libbpf's "
+        "log (.log, or APERF_LIBBPF_VERBOSE=1) names the call"
+    )
+
+
+class Win32Error(AperfError, OSError):
+    """A Windows API call (``kernel32``: events and waits) failed.
+
+    ``winerror`` is ``GetLastError()``'s code, ``function`` the API's name.
+    """
+
+    function: str
+
+    def __init__(self, winerror: int, function: str, detail: str = "") -> None:
+        message = f"{function}() failed with Windows error {winerror}"
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.winerror = winerror
+        self.function = function
 
 
 # --- BPF objects -------------------------------------------------------------
@@ -78,12 +173,13 @@ class ObjectFileError(ObjectError, LibbpfError):
 class UnknownNameError(ObjectError, KeyError):
     """No map, program or global of that name exists; the message lists those that do.
 
-    A :class:`KeyError` (hence a :class:`LookupError`), so that ``obj.maps`` and
+    A ``KeyError`` (hence a ``LookupError``), so that ``obj.maps`` and
     ``obj.programs`` follow the Mapping protocol: ``in`` and ``.get()`` see a miss.
     """
 
-    def __init__(self, kind: str, name: str, known: list[str]) -> None:
-        super().__init__(f"no {kind} named {name!r}; known: {', '.join(sorted(known)) or 'none'}")
+    def __init__(self, kind: str, name: str, known: list[str], hint: str = "") -> None:
+        message = f"no {kind} named {name!r}; known: {', '.join(sorted(known)) or 'none'}"
+        super().__init__(f"{message}. {hint}" if hint else message)
         self.kind = kind
         self.name = name
         self.known = known
@@ -96,7 +192,7 @@ class ArgumentError(AperfError, ValueError):
     """An argument aperf cannot hand to the kernel; ``argument`` names it.
 
     E.g. a map key or value of the wrong size, unknown update flags, a path with
-    a NUL byte. Arguments of the wrong type raise :class:`TypeError` instead.
+    a NUL byte. Arguments of the wrong type raise ``TypeError`` instead.
     """
 
     def __init__(self, argument: str, message: str) -> None:

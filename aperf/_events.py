@@ -16,7 +16,20 @@ else:
 # What the decoder returns; a bare Sample (or PerfStream) means Sample[Any].
 T = TypeVar("T", default=Any)
 
-if sys.version_info >= (3, 11) or TYPE_CHECKING:
+if sys.version_info < (3, 11) and not TYPE_CHECKING:
+    # Python 3.10: NamedTuple cannot be generic there; the same fields. (This branch
+    # comes first so that the API reference, which reads the last one, shows the other.)
+
+    class Sample(NamedTuple):
+        """One sample a BPF program wrote (``bpf_perf_event_output()``)."""
+
+        cpu: int
+        data: bytes
+        value: Any = None
+
+    Sample.__class_getitem__ = classmethod(lambda cls, item: cls)  # type: ignore[attr-defined]
+
+else:
 
     class Sample(NamedTuple, Generic[T]):
         """One sample a BPF program wrote (``bpf_perf_event_output()``).
@@ -29,17 +42,6 @@ if sys.version_info >= (3, 11) or TYPE_CHECKING:
         cpu: int
         data: bytes
         value: T = None  # type: ignore[assignment]
-
-else:  # Python 3.10: NamedTuple cannot be generic there; the same fields
-
-    class Sample(NamedTuple):
-        """One sample a BPF program wrote (``bpf_perf_event_output()``)."""
-
-        cpu: int
-        data: bytes
-        value: Any = None
-
-    Sample.__class_getitem__ = classmethod(lambda cls, item: cls)  # type: ignore[attr-defined]
 
 
 class Lost(NamedTuple):
@@ -94,7 +96,7 @@ class StreamStatistics:
     announced yet), ``"records"`` when only the kernel's lost records count
     (older kernels: drops at the end of a burst show up once a sample follows),
     ``"none"`` for a BPF ring buffer read without the BPF side's count of failed
-    outputs (the kernel counts none: see :class:`aperf.RingBufferSource`).
+    outputs (the kernel counts none: see [`aperf.RingBufferSource`][aperf.RingBufferSource]).
     """
 
     cpus: tuple[CpuStatistics, ...]

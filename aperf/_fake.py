@@ -1,6 +1,6 @@
 """Perf rings in memory that behave like the kernel's, for tests without root.
 
-:class:`FakeRingSource` is a ring source (see ``_source.py``): bounded per-CPU
+``FakeRingSource`` is a ring source (see ``_source.py``): bounded per-CPU
 rings in plain memory, written as the kernel writes perf rings, with one
 eventfd per ring as its readiness handle, so ``PerfStream`` and
 ``PerfBuffer`` run on it exactly as on a perf event array.
@@ -129,10 +129,25 @@ class FakeRingSource:
     watermark) through a real fd per ring that the event loop watches, and
     fires once per wakeup. Corrupt records can be injected.
 
-    >>> src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
-    >>> async with aperf.PerfStream(src, decoder=struct.Struct("<QQ")) as stream:
-    ...     src.write(0, payload)      # False when the ring is full (counted as lost)
-    ...     async for ev in stream: ...
+    ```python
+    import asyncio
+    import struct
+
+    import aperf
+    from aperf.testing import FakeRingSource
+
+
+    async def main() -> None:
+        src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
+        async with aperf.PerfStream(src, decoder=struct.Struct("<QQ")) as stream:
+            assert src.write(0, struct.pack("<QQ", 1, 2))  # False: full, counted as lost
+            async for event in stream:
+                print(event)  # Sample(cpu=0, data=b'...', value=(1, 2))
+                break
+
+
+    asyncio.run(main())
+    ```
 
     ``exact_lost=False`` makes it behave like a kernel before Linux 6.0, which
     counts drops only through lost records. Writing is thread-safe.

@@ -2,12 +2,12 @@
 
 - fork: a child inherits a copy of every open stream or buffer, but not the
   rings' memory (perf mmaps are not inherited) and shares the parent's map
-  slots and event-loop registrations. :func:`track` marks each open one
+  slots and event-loop registrations. ``track()`` marks each open one
   ``forked`` in the child, where the drivers then refuse to use it and closing
   it releases only the child's own fds.
 - garbage collection: a driver registers a ``weakref.finalize`` that releases
   what it holds, with a ``ResourceWarning``, as files and sockets do.
-- loop callbacks hold the driver weakly (:func:`weak_callback`), or a
+- loop callbacks hold the driver weakly (``weak_callback()``), or a
   registered callback would keep a dropped stream alive for ever.
 """
 

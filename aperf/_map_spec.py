@@ -1,15 +1,15 @@
 """What every map-backed ring source does first: turn what the user passed (an
-:class:`aperf.Map`, a map fd, a pinned path) into an fd of its own, check the
-kernel's facts about it, and claim the map for one reader in this process.
+``aperf.Map``, a map fd, a pinned path) into an fd of its own, and check the
+kernel's facts about it. (The claim that keeps a second reader off a map is
+``_perf_source.MapBackedSource``'s.)
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
 from . import _libbpf as lb
-from ._errors import BusyResourceError, ClosedResourceError, LibbpfError, MapTypeError
+from ._errors import ClosedResourceError, LibbpfError, MapTypeError
 from ._object import Map
 
 MapSource = Map | int | str | os.PathLike[str]
@@ -18,9 +18,6 @@ MapSource = Map | int | str | os.PathLike[str]
 BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
 BPF_MAP_TYPE_RINGBUF = 27
 READABLE_TYPES = "BPF_MAP_TYPE_PERF_EVENT_ARRAY (4) and BPF_MAP_TYPE_RINGBUF (27)"
-
-_claims: dict[int, str] = {}  # kernel map id -> who reads it, in this process
-_claims_lock = threading.Lock()
 
 
 def check_map_source(source: object) -> MapSource:
@@ -92,28 +89,3 @@ def require_type(facts: lb.MapInfo, name: str, wanted: int, what: str) -> None:
             f"map {name} has type {facts.type}, not {what} ({wanted}); aperf reads "
             f"{READABLE_TYPES} maps"
         )
-
-
-class MapClaim:
-    """One reader per map in this process: a second one would silently steal from the first."""
-
-    def __init__(self) -> None:
-        self.map_id = 0
-
-    def take(self, map_id: int, name: str) -> None:
-        with _claims_lock:
-            holder = _claims.get(map_id)
-            if holder is not None:
-                raise BusyResourceError(
-                    f"map {name} (id {map_id}) already feeds {holder} in this process; "
-                    "a second reader would silently take its records. Close the first one."
-                )
-            _claims[map_id] = f"a stream opened as {name}"
-            self.map_id = map_id
-
-    def release(self) -> None:
-        """Also in a forked child: its copy of the registry lists the parent's claims."""
-        if self.map_id:
-            with _claims_lock:
-                _claims.pop(self.map_id, None)
-            self.map_id = 0

@@ -33,7 +33,7 @@ def _last_line(text: str) -> str:
 
 
 class _NameTable(Mapping[str, _V]):
-    """A read-only name -> item mapping whose misses raise :class:`UnknownNameError`.
+    """A read-only name -> item mapping whose misses raise ``UnknownNameError``.
 
     That error is a KeyError, so ``in`` and ``.get()`` answer False / None.
     """
@@ -64,7 +64,7 @@ class _NameTable(Mapping[str, _V]):
 class _Handle:
     """The libbpf object and the links made from its programs: freed once, links first.
 
-    Shared by the :class:`BPFObject` and its finalizer, which must not hold the object.
+    Shared by the ``BPFObject`` and its finalizer, which must not hold the object.
     """
 
     __slots__ = ("links", "ptr")
@@ -89,9 +89,9 @@ class _Handle:
 
 
 class _Part:
-    """A map or program: memory inside a :class:`BPFObject`, freed when that object closes.
+    """A map or program: memory inside a ``BPFObject``, freed when that object closes.
 
-    Every C call takes the pointer from :attr:`_ptr`, which refuses once the
+    Every C call takes the pointer from ``_ptr``, which refuses once the
     object is closed: one guard instead of a check in each accessor.
     """
 
@@ -119,10 +119,10 @@ class _Part:
 
 
 class Map(_Part):
-    """A map of a :class:`BPFObject`. ``fd`` is valid from load until the object closes.
+    """A map of a [`BPFObject`][aperf.BPFObject]. ``fd`` is valid from load until the object closes.
 
     After the object closes, everything but ``name``, ``closed`` and ``object``
-    raises :class:`ClosedResourceError`.
+    raises [`ClosedResourceError`][aperf.ClosedResourceError].
     """
 
     _kind = "map"
@@ -193,7 +193,7 @@ class Map(_Part):
     def lookup(self, key: bytes | bytearray | memoryview) -> bytes:
         """The value stored under ``key`` (per-CPU maps: one 8-byte-aligned slot per CPU).
 
-        ``key`` must be exactly ``key_size`` bytes, else :class:`ArgumentError`.
+        ``key`` must be exactly ``key_size`` bytes, else [`ArgumentError`][aperf.ArgumentError].
         """
         fd, layout = self._element()
         return lb.map_lookup(fd, key, layout=layout)
@@ -206,10 +206,10 @@ class Map(_Part):
 
         ``key`` is ``key_size`` bytes, ``value`` is ``value_size`` bytes (per-CPU
         maps: a value for every possible CPU, each padded to 8 bytes); anything
-        else raises :class:`ArgumentError` before the kernel reads our memory.
+        else raises [`ArgumentError`][aperf.ArgumentError] before the kernel reads our memory.
 
         ``flags``: 0 (``BPF_ANY``), 1 (``BPF_NOEXIST``), 2 (``BPF_EXIST``),
-        optionally ``| 4`` (``BPF_F_LOCK``). Anything else: :class:`ArgumentError`.
+        optionally ``| 4`` (``BPF_F_LOCK``). Anything else: [`ArgumentError`][aperf.ArgumentError].
         """
         fd, layout = self._element()
         lb.map_update(fd, key, value, flags, layout=layout)
@@ -217,7 +217,7 @@ class Map(_Part):
     def pin(self, path: str | os.PathLike[str]) -> None:
         """Pin the map in bpffs (``/sys/fs/bpf/...``) so that other processes can open it.
 
-        The directory must exist. :class:`PinnedPathError` if ``path`` is taken
+        The directory must exist. [`PinnedPathError`][aperf.PinnedPathError] if ``path`` is taken
         or not on a BPF filesystem; a failed pin leaves nothing behind.
         """
         fd = self.fd
@@ -240,7 +240,7 @@ class Map(_Part):
 class Link:
     """An attachment of a program to its hook; ``detach()`` (idempotent) removes it.
 
-    ``attached`` raises :class:`ClosedResourceError` once the object is closed
+    ``attached`` raises [`ClosedResourceError`][aperf.ClosedResourceError] once the object is closed
     (closing detached it); ``detach()`` stays a harmless no-op.
     """
 
@@ -279,10 +279,10 @@ class Link:
 
 
 class Program(_Part):
-    """A program of a :class:`BPFObject`.
+    """A program of a [`BPFObject`][aperf.BPFObject].
 
     After the object closes, everything but ``name``, ``section``, ``closed``
-    and the no-op ``detach()`` raises :class:`ClosedResourceError`.
+    and the no-op ``detach()`` raises [`ClosedResourceError`][aperf.ClosedResourceError].
     """
 
     _kind = "program"
@@ -336,7 +336,7 @@ class Program(_Part):
         return link
 
     def detach(self) -> None:
-        """Remove every attachment made through :meth:`attach`."""
+        """Remove every attachment made through [`attach()`][aperf.Program.attach]."""
         for link in list(self._links):
             link.detach()
 
@@ -552,7 +552,7 @@ class BPFObject:
         """Detach every program, then free the object and its fds. Idempotent.
 
         Its maps, programs and links refuse use from then on
-        (:class:`ClosedResourceError`) instead of reading freed memory.
+        ([`ClosedResourceError`][aperf.ClosedResourceError]) instead of reading freed memory.
         """
         if self.closed:
             return

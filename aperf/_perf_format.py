@@ -1,7 +1,7 @@
 """The perf ring format, sans I/O: byte-ring arithmetic and record parsing.
 
-Nothing here knows about libbpf, fds or event loops: a :class:`PerfRing`
-works on any object with the :class:`RingMemoryLike` shape (the mmapped ring
+Nothing here knows about libbpf, fds or event loops: a ``PerfRing``
+works on any object with the ``RingMemoryLike`` shape (the mmapped ring
 of a perf event, or plain memory in ``aperf.testing``).
 """
 
@@ -35,7 +35,7 @@ class PerfRing:
     """One perf ring: takes the readable span out of its memory and releases it at once.
 
     ``key`` is the CPU, ``handle`` the readiness handle; a backend that keeps
-    its own count of dropped samples overrides :meth:`lost_total`.
+    its own count of dropped samples overrides ``lost_total()``.
     """
 
     __slots__ = ("_mask", "handle", "key", "memory")
@@ -110,7 +110,7 @@ def split_span(cpu: int, span: bytes) -> tuple[list[Segment], int]:
     it) with a flag saying they all have one size, or a lost count (``int``).
     Runs of identical sample records, the common case of one program emitting
     one struct, are cut out at C speed with ``struct.iter_unpack``, also between
-    lost records. Raises :class:`BrokenRingError` on a record that does not fit;
+    lost records. Raises ``BrokenRingError`` on a record that does not fit;
     its ``partial`` holds the segments before it, which are intact.
     """
     segments: list[Segment] = []

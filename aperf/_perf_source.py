@@ -1,7 +1,7 @@
 """The Linux perf event array as a ring source: one perf ring per online CPU.
 
-:class:`PerfEventArraySource` resolves what the user passed (an
-:class:`aperf.Map`, a map fd, or a pinned path), checks it, opens one ring per
+``PerfEventArraySource`` resolves what the user passed (an
+``aperf.Map``, a map fd, or a pinned path), checks it, opens one ring per
 online CPU with the map slot keyed by CPU id, and frees everything in a fixed
 order, exactly once. The rings' fds are their readiness handles.
 """
@@ -13,6 +13,7 @@ import errno
 import os
 import platform
 import struct
+import threading
 from collections.abc import Sequence
 
 from . import _libbpf as lb
@@ -20,7 +21,6 @@ from ._errors import BusyResourceError, LibbpfError, RingSizeError
 from ._log import log
 from ._map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
-    MapClaim,
     MapSource,
     check_map_source,
     map_facts,
@@ -32,6 +32,10 @@ from ._options import DEFAULT_PAGES, PAGE_SIZE
 from ._perf_format import PERF_RECORDS, PerfRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
+__all__ = ["MapBackedSource", "MapSource", "PerfEventArraySource", "ring_access"]
+
+_claims: dict[int, str] = {}  # kernel map id -> who holds its slots, in this process
+_claims_lock = threading.Lock()
 _LOST_READ = struct.Struct("<QQ")  # read() with PERF_FORMAT_LOST: u64 value, u64 lost
 
 
@@ -109,25 +113,25 @@ class _LibbpfReadRing(_KernelPerfRing):
         return self._rings.consume_records(self._index)
 
 
-class PerfEventArraySource:
-    """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
+class MapBackedSource:
+    """What every map-backed source shares (perf event arrays, Linux here and eBPF
+    for Windows in ``_ebpfwin``; BPF ring buffers in ``_ringbuf_source``): the map the
+    user named, its name, sizes once open, and the claim that keeps a second reader in
+    this process off the same map."""
 
-    handle_kind: HandleKind = "fd"
-    records: RecordFormat = PERF_RECORDS
+    _takeover = "silently take its CPU slots"  # what a second reader would do
 
     def __init__(self, source: MapSource) -> None:
         self._spec = check_map_source(source)
         self.name = source_name(source)
-        self._rings: lb.PerfRings | None = None
-        self._map_fd = -1
-        self._claim = MapClaim()
+        self._claimed = 0
         self._ring_bytes = 0
         self._memory_bytes = 0
         self.map_id = 0
 
     @property
     def object(self) -> object | None:
-        """The :class:`aperf.BPFObject` the map belongs to (for BTF decoders), if known."""
+        """The ``BPFObject`` the map belongs to (for BTF decoders), if known."""
         return getattr(self._spec, "object", None)
 
     @property
@@ -137,6 +141,35 @@ class PerfEventArraySource:
     @property
     def memory_bytes(self) -> int:
         return self._memory_bytes
+
+    def _claim(self) -> None:
+        with _claims_lock:
+            holder = _claims.get(self.map_id)
+            if holder is not None:
+                raise BusyResourceError(
+                    f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
+                    f"a second reader would {self._takeover}. Close the first one."
+                )
+            _claims[self.map_id] = f"a stream opened as {self.name}"
+            self._claimed = self.map_id
+
+    def _release_claim(self) -> None:
+        if self._claimed:
+            with _claims_lock:
+                _claims.pop(self._claimed, None)
+            self._claimed = 0
+
+
+class PerfEventArraySource(MapBackedSource):
+    """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
+
+    handle_kind: HandleKind = "fd"
+    records: RecordFormat = PERF_RECORDS
+
+    def __init__(self, source: MapSource) -> None:
+        super().__init__(source)
+        self._rings: lb.PerfRings | None = None
+        self._map_fd = -1
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
         if self._rings is not None:
@@ -162,7 +195,7 @@ class PerfEventArraySource:
             # As libbpf does: a slot per CPU id, CPUs beyond max_entries get no ring.
             log.warning("perf map smaller than cpu count", map=self.name,
                         max_entries=facts.max_entries, skipped=[c for c in cpus if c not in usable])
-        self._claim.take(self.map_id, self.name)
+        self._claim()
         ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = config.wakeup.kernel_settings(ring_bytes)
         pages = ring_bytes // PAGE_SIZE
@@ -202,7 +235,9 @@ class PerfEventArraySource:
         rings, self._rings = self._rings, None
         if rings is not None:
             rings.forget_after_fork()
-        self._claim.release()
+        with _claims_lock:
+            _claims.pop(self._claimed, None)
+        self._claimed = 0
         fd, self._map_fd = self._map_fd, -1
         if fd >= 0:
             with contextlib.suppress(OSError):
@@ -215,7 +250,7 @@ class PerfEventArraySource:
             if rings is not None:
                 rings.free()
         finally:
-            self._claim.release()
+            self._release_claim()
             fd, self._map_fd = self._map_fd, -1
             if fd >= 0:
                 os.close(fd)

@@ -1,9 +1,9 @@
 """The one reading policy, sans I/O, shared by every driver.
 
-A :class:`Reader` takes spans out of a source's rings, splits them into
+A ``Reader`` takes spans out of a source's rings, splits them into
 records in ring order, keeps them in one bounded queue, counts everything,
 keeps the drain clock, and dispatches events to callbacks. Drivers only wait
-(readiness handles, a timer at :attr:`Reader.deadline`, ``poll``) and call
+(readiness handles, a timer at ``deadline``, ``poll``) and call
 it; the reader itself never waits and imports no binding.
 
 Samples wait in the queue as raw payloads, a chunk per drained span; event
@@ -89,7 +89,7 @@ class Reader:
 
     ``held`` is the front of the queue: built events handed back (put back
     after a failing callback, or the rest of a batch being iterated). It is
-    the only put-back queue; :meth:`take` serves it first.
+    the only put-back queue; ``take()`` serves it first.
     """
 
     def __init__(

@@ -16,7 +16,7 @@ producer). The consumer reads ``producer_pos``, walks the headers from
 ``consumer_pos`` and stops at the first BUSY one, copies the committed
 records out, then writes the new ``consumer_pos``, which frees their space.
 
-Nothing here knows about fds or mmap: a :class:`RingBufferRing` works on any
+Nothing here knows about fds or mmap: a ``RingBufferRing`` works on any
 buffer with the mapping's layout (the mmapped map, or a bytearray in tests).
 On x86-64 (TSO) plain loads and stores give the ordering the protocol needs:
 ``producer_pos`` and the headers are read before the records they cover, and

@@ -29,23 +29,23 @@ from collections.abc import Callable, Sequence
 from . import _map_spec as maps
 from ._errors import AperfError, BusyResourceError, RingSizeError
 from ._options import PAGE_SIZE
-from ._perf_source import RING_ACCESS_ENV, ring_access
+from ._perf_source import RING_ACCESS_ENV, MapBackedSource, ring_access
 from ._ringbuf_format import RINGBUF_RECORDS, RingBufferRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
 
-class RingBufferSource:
+class RingBufferSource(MapBackedSource):
     """The one ring of a ``BPF_MAP_TYPE_RINGBUF`` map, for ``PerfStream`` and ``PerfBuffer``.
 
     ``PerfStream(map)`` builds one by itself when the map is a ring buffer;
     build it yourself to give ``dropped``: a function returning the BPF
     side's own count of failed ``bpf_ringbuf_output``/``bpf_ringbuf_reserve``
     calls (the kernel counts none). The stream then reports drops as
-    :class:`aperf.Lost` events and in its statistics (``lost_counter="exact"``).
+    [`aperf.Lost`][aperf.Lost] events and in its statistics (``lost_counter="exact"``).
 
-    Samples carry ``cpu=-1`` (:data:`aperf.NO_CPU`): one ring serves every CPU.
+    Samples carry ``cpu=-1`` ([`aperf.NO_CPU`][aperf.NO_CPU]): one ring serves every CPU.
     The ring's size is the map's ``max_entries``, fixed when the map is
-    created (see :meth:`aperf.Map.set_max_entries`); ``pages``/``ring_bytes``
+    created (see [`aperf.Map.set_max_entries`][aperf.Map.set_max_entries]); ``pages``/``ring_bytes``
     must match it or be left out. Wakeups are the producer's choice
     (``BPF_RB_NO_WAKEUP``, ``BPF_RB_FORCE_WAKEUP``, or by default a wakeup when
     the reader has caught up); the stream's ``wakeup`` setting only sets its
@@ -57,37 +57,31 @@ class RingBufferSource:
     MAP_TYPE = maps.BPF_MAP_TYPE_RINGBUF
     """``BPF_MAP_TYPE_RINGBUF`` (27): the ``aperf.Map.type`` of the maps it reads."""
 
+    _takeover = "race it for the consumer position"  # what a second reader would do
+
     def __init__(
         self, source: maps.MapSource, *, dropped: Callable[[], int] | None = None
     ) -> None:
-        self._spec = maps.check_map_source(source)
+        super().__init__(source)
         if dropped is not None and not callable(dropped):
             raise TypeError(f"dropped must be callable, not {type(dropped).__name__}")
-        self.name = maps.source_name(source)
         self._dropped = dropped
-        self._claim = maps.MapClaim()
         self._map_fd = -1
         self._consumer: mmap.mmap | None = None
         self._producer: mmap.mmap | None = None
         self._epoll: select.epoll | None = None
         self._more_fd = -1
         self._ring: RingBufferRing | None = None
-        self._size = 0
-
-    @property
-    def object(self) -> object | None:
-        """The :class:`aperf.BPFObject` the map belongs to (for BTF decoders), if known."""
-        return getattr(self._spec, "object", None)
 
     @property
     def ring_bytes(self) -> int:
         """The ring's data bytes: the map's ``max_entries`` (0 until open)."""
-        return self._size
+        return self._ring_bytes
 
     @property
     def memory_bytes(self) -> int:
         """The data area (mapped twice, stored once) and the consumer and producer pages."""
-        return self._size + 2 * PAGE_SIZE if self._size else 0
+        return self._memory_bytes
 
     def open(self, config: RingConfig) -> Sequence[RingBufferRing]:
         """Map the ring and make its readiness handle; all or nothing (the driver calls it)."""
@@ -116,7 +110,8 @@ class RingBufferSource:
                 f"ring buffer {self.name} holds {size} bytes, fixed when the map was created "
                 f"(max_entries); pages/ring_bytes asked for {config.ring_bytes}: leave them out"
             )
-        self._claim.take(facts.id, self.name)
+        self.map_id = facts.id
+        self._claim()
         fd = self._map_fd
         self._consumer = mmap.mmap(
             fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
@@ -128,7 +123,8 @@ class RingBufferSource:
         self._epoll = select.epoll()
         self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
         self._epoll.register(self._more_fd, select.EPOLLIN | select.EPOLLET)
-        self._size = size
+        self._ring_bytes = size
+        self._memory_bytes = size + 2 * PAGE_SIZE
         self._ring = RingBufferRing(
             self._epoll.fileno(), self._consumer, self._producer, PAGE_SIZE, size,
             lost=self._dropped, more=self._signal_more,
@@ -167,7 +163,7 @@ class RingBufferSource:
                 setattr(self, name, -1)
                 if fd >= 0:
                     os.close(fd)
-            self._claim.release()
+            self._release_claim()
 
     def after_fork(self) -> None:
         """In a child process: drop the child's views, mappings and fds. Nothing of the

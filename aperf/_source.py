@@ -3,11 +3,11 @@
 A source owns rings and their readiness handles; the reader (``_reader.py``)
 takes spans out of the rings and applies the one policy; drivers wait on the
 handles and call the reader. A backend plugs in by implementing
-:class:`RingSource`: the Linux perf event array (``_perf_source.py``) is one,
+``RingSource``: the Linux perf event array (``_perf_source.py``) is one,
 ``aperf.testing.FakeRingSource`` another.
 
 Readiness is one-shot, as the kernel's perf fds are: a handle fires once per
-wakeup, and :meth:`RingSource.acknowledge` clears it before the rings are
+wakeup, and ``acknowledge()`` clears it before the rings are
 read, so a wakeup that arrives while they are read is not lost.
 """
 
@@ -38,7 +38,7 @@ class RecordFormat(Protocol):
     def split(self, key: int, span: bytes) -> tuple[list[Segment], int]:
         """Segments of ``span`` in ring order, and the count of records skipped.
 
-        Raises :class:`aperf.BrokenRingError` on a record that does not fit.
+        Raises ``BrokenRingError`` on a record that does not fit.
         """
         ...
 

@@ -68,11 +68,11 @@ class PerfStream(Generic[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
 
-    ``source`` is an :class:`aperf.Map`, the fd of such a map loaded by anything
-    else, the path of a pinned map (the map's type picks how it is read), or a
-    ring source (:class:`aperf.RingBufferSource`,
-    :class:`aperf.testing.FakeRingSource`). It runs on asyncio, uvloop and trio
-    (directly or through anyio). Open it with ``async with`` (or
+    ``source`` is an [`aperf.Map`][aperf.Map], the fd of such a map loaded by anything
+    else, the path of a pinned map (the map's type picks how it is read), or a ring
+    source ([`aperf.RingBufferSource`][aperf.RingBufferSource],
+    [`aperf.testing.FakeRingSource`][aperf.testing.FakeRingSource]). It runs on
+    asyncio, uvloop and trio (directly or through anyio). Open it with ``async with`` (or
     ``await stream.open()`` and ``await stream.aclose()``), then either iterate
     it (``async for event in stream``, or ``stream.batches()``) or, given
     callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |

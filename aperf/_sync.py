@@ -1,8 +1,8 @@
 """The synchronous driver: libbpf's ``perf_buffer__poll``/``consume`` names, no event loop.
 
-It only waits (``epoll`` on the rings' fds, bounded by the reader's drain
-deadline) and calls the reader; the policy is the reader's, as for the async
-driver.
+It only waits (``epoll`` on the rings' fds, or ``WaitForMultipleObjects`` on
+Windows wait handles; bounded by the reader's drain deadline) and calls the
+reader; the policy is the reader's, as for the async driver.
 """
 
 from __future__ import annotations
@@ -15,56 +15,107 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
-from typing import Any, Generic, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, Protocol, overload
 
-from ._errors import AperfError, ClosedResourceError
+from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack
 from ._log import log
 from ._options import Wakeup
 from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
 from ._setup import ReaderOptions, SourceSpec
+from ._source import HandleKind
+
+
+class HandleWaiter(Protocol):
+    """What waits on a source's readiness handles without an event loop."""
+
+    def wait(self, timeout: float) -> list[int]:
+        """The handles ready within ``timeout`` seconds (negative: no limit); [] on
+        timeout or ``interrupt()``."""
+        ...
+
+    def interrupt(self) -> None:
+        """Wake a wait in another thread (close() does, before taking the lock)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _EpollWaiter:
+    """Ring fds in an epoll set, with an eventfd in that set for ``interrupt()``."""
+
+    def __init__(self, fds: Iterable[int]) -> None:
+        self.wake_fd = -1
+        self.epoll = select.epoll()
+        try:
+            for fd in fds:
+                self.epoll.register(fd, select.EPOLLIN)
+            self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self.epoll.register(self.wake_fd, select.EPOLLIN)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self, timeout: float) -> list[int]:
+        ready = []
+        for fd, _ in self.epoll.poll(timeout):  # retries EINTR itself (PEP 475)
+            if fd == self.wake_fd:
+                # close()'s, or not ours (e.g. a forked child's close)
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self.wake_fd)
+            else:
+                ready.append(fd)
+        return ready
+
+    def interrupt(self) -> None:
+        if self.wake_fd >= 0:
+            os.eventfd_write(self.wake_fd, 1)
+
+    def close(self) -> None:
+        self.epoll.close()
+        if self.wake_fd >= 0:
+            os.close(self.wake_fd)
+            self.wake_fd = -1
+
+
+def handle_waiter(kind: HandleKind, handles: Iterable[int]) -> HandleWaiter:
+    if kind == "win32":
+        from ._ebpfwin import Win32Waiter
+
+        return Win32Waiter(handles)
+    return _EpollWaiter(handles)
 
 
 class _Held:
-    """What an open buffer holds: the reader, an epoll set of its handles, and an
-    eventfd in that set that close() signals to wake a waiting poll()."""
+    """What an open buffer holds: the reader, and a waiter on its handles that
+    close() interrupts to wake a waiting poll()."""
 
-    __slots__ = ("__weakref__", "epoll", "forked", "reader", "wake_fd")
+    __slots__ = ("__weakref__", "forked", "reader", "waiter")
 
     def __init__(self, reader: Reader) -> None:
         self.reader = reader
         self.forked = False
-        self.wake_fd = -1
-        self.epoll = select.epoll()
         try:
-            for handle in {ring.handle for ring in reader.rings.values()}:
-                self.epoll.register(handle, select.EPOLLIN)
-            self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self.epoll.register(self.wake_fd, select.EPOLLIN)
+            self.waiter = handle_waiter(
+                reader.source.handle_kind, {ring.handle for ring in reader.rings.values()}
+            )
         except BaseException:
-            self.release()
+            reader.source.free()
             raise
 
     def interrupt(self) -> None:
         """Wake a poll() waiting in another thread (never from a forked child: the
         eventfd is shared with the parent)."""
-        if self.wake_fd >= 0 and not self.forked:
-            os.eventfd_write(self.wake_fd, 1)
-
-    def clear_interrupt(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.wake_fd)
+        if not self.forked:
+            self.waiter.interrupt()
 
     def release(self) -> None:
-        """Close the epoll set and the eventfd, then free the rings (only the child's
-        fds after a fork: the rings and map slots are the parent's)."""
+        """Close the waiter, then free the rings (only the child's fds after a fork:
+        the rings and map slots are the parent's)."""
         try:
-            self.epoll.close()
-            if self.wake_fd >= 0:
-                os.close(self.wake_fd)
-                self.wake_fd = -1
+            self.waiter.close()
         finally:
             if self.forked:
                 self.reader.source.after_fork()
@@ -164,8 +215,6 @@ class PerfBuffer(Generic[T]):
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors,
         )
-        if options.source.handle_kind != "fd":
-            raise AperfError(f"PerfBuffer cannot wait on {options.source.handle_kind} handles")
         self._wakeup = options.wakeup
         # One caller at a time inside poll/consume; close() interrupts a waiting poll,
         # then takes the lock, so it never frees rings under a reader. Reentrant: a
@@ -193,7 +242,9 @@ class PerfBuffer(Generic[T]):
         return sorted(self._require_open().reader.counters)
 
     def buffer_fd(self, cpu: int) -> int:
-        """The perf event fd of ``cpu``'s ring (to wait on it in your own loop)."""
+        """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
+
+        On Windows: the perf buffer's wait handle, which every ring shares."""
         ring = self._require_open().reader.rings.get(cpu)
         if ring is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
@@ -221,14 +272,11 @@ class PerfBuffer(Generic[T]):
                 ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
                 if tick_at is not None and ticking:
                     wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
-                ready = held.epoll.poll(wait)  # retries EINTR itself (PEP 475)
+                ready = held.waiter.wait(wait)
                 if self._closing:
                     raise ClosedResourceError("this PerfBuffer was closed while polling")
-                for handle, _ in ready:
-                    if handle == held.wake_fd:
-                        held.clear_interrupt()  # not ours (e.g. a forked child's close)
-                    else:
-                        reader.on_ready(handle)
+                for handle in ready:
+                    reader.on_ready(handle)
                 if ticking and tick_at is not None and time.monotonic() >= tick_at:
                     reader.tick()
                 if reader.pending:
@@ -253,7 +301,7 @@ class PerfBuffer(Generic[T]):
             return self._dispatch(reader)
 
     def flush(self) -> int:
-        """Same as :meth:`consume`: hand over what sits below the wakeup threshold."""
+        """Hand over what sits below the wakeup threshold: the same as ``consume()``."""
         return self.consume()
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock

@@ -1,6 +1,6 @@
 """Tools for testing code that reads BPF rings.
 
-:class:`Producer` makes the kernel emit exactly N samples of S bytes on a
+``Producer`` makes the kernel emit exactly N samples of S bytes on a
 chosen CPU, as fast as it can, with no attachment to any hook: a ``raw_tp``
 program looping with ``bpf_loop`` and run through ``BPF_PROG_TEST_RUN`` on that
 CPU, into a perf event array (``Producer()``) or a BPF ring buffer
@@ -8,9 +8,9 @@ CPU, into a perf event array (``Producer()``) or a BPF ring buffer
 sequence number (if S >= 8) and a u64 ``bpf_ktime_get_ns()`` timestamp (if
 S >= 16); smaller samples hold the low S bytes of the sequence number; the rest is zero.
 
-:class:`FakeRingSource` gives ``PerfStream`` and ``PerfBuffer`` per-CPU rings in
+``FakeRingSource`` gives ``PerfStream`` and ``PerfBuffer`` per-CPU rings in
 memory that behave like the kernel's, with real fds for the event loop: test
-your own consumers without root. :class:`FakeRingMemory` and the record
+your own consumers without root. ``FakeRingMemory`` and the record
 encoders build single rings for tests of ring-reading code.
 """
 
@@ -86,12 +86,19 @@ class ProducerCounters:
 class Producer:
     """The deterministic sample producer (``producer.bpf.o``), loaded and ready.
 
-    >>> with Producer() as producer, PerfBuffer(producer.map, on_sample=...) as pb:
-    ...     producer.emit(1000, size=32, cpu=0)
+    <!-- needs root -->
+    ```python
+    import aperf
+    from aperf.testing import Producer
+
+    with Producer() as producer, aperf.PerfBuffer(producer.map, on_sample=print) as pb:
+        producer.emit(3, size=32, cpu=0)  # exactly 3 samples of 32 bytes, on CPU 0
+        pb.poll(100)
+    ```
 
     ``ring="ringbuf"`` makes it write into its BPF ring buffer (``ringbuf_bytes``
-    big, 1 MiB by default) instead of its perf event array; :attr:`map` is then
-    that ring buffer, and :meth:`source` gives a stream it with the BPF side's
+    big, 1 MiB by default) instead of its perf event array; ``map`` is then
+    that ring buffer, and ``source()`` gives a stream it with the BPF side's
     count of failed outputs, so that drops arrive as ``Lost`` events.
     """
 
@@ -143,7 +150,7 @@ class Producer:
 
         Blocks the calling thread (not the GIL) while the kernel runs the program,
         so it can run in a worker thread while a consumer reads on another CPU.
-        Ring buffer only: ``rb_flags`` (:data:`RB_NO_WAKEUP`, :data:`RB_FORCE_WAKEUP`)
+        Ring buffer only: ``rb_flags`` (``RB_NO_WAKEUP``, ``RB_FORCE_WAKEUP``)
         go to ``bpf_ringbuf_output``; with ``discard_every=N`` every sample whose
         sequence number is a multiple of N is reserved and discarded instead.
         """

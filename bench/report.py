@@ -592,7 +592,7 @@ def generated(entries: list[dict[str, Any]], machine: dict[str, Any], notes: lis
 
 DOC_SKELETON = """# Benchmarks
 
-Run `sudo python bench/run.py` (or `--quick`); it rewrites the generated part below.
+Run `.venv/bin/python bench/run.py` as root (or `--quick`); it rewrites the generated part below.
 
 {generated}
 """

@@ -1,9 +1,10 @@
 """aperf's benchmark harness: one command, figures printed and written to docs/benchmarks.md.
 
-    sudo python bench/run.py                 # everything (about 10 minutes)
-    sudo python bench/run.py --quick         # shorter runs, fewer consumers (about 2 minutes)
-    sudo python bench/run.py --only 'flat32/*' --only memory
-    python bench/run.py --list               # scenario names
+    .venv/bin/python bench/run.py            # as root: everything (about 10 minutes)
+    .venv/bin/python bench/run.py --quick    # shorter runs, fewer consumers (about 2 minutes)
+    .venv/bin/python bench/run.py --only 'flat32/*' --only memory
+    .venv/bin/python bench/run.py --list     # scenario names
+    .venv/bin/python bench/run.py --report-only   # tables and docs again, from the results
 
 Every scenario is one producer run read by one consumer process. The consumer
 is pinned to CPU 0 and the producer to CPU 1, so neither steals the other's CPU
@@ -405,7 +406,15 @@ def select_scenarios(patterns: list[str], quick: bool) -> list[Scenario]:
 
 
 def report_only(path: Path, write: bool) -> int:
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(
+            f"no results to report: {path} does not exist yet; a run writes it "
+            "(.venv/bin/python bench/run.py, as root)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"cannot read the results in {path}: {exc}") from None
     print(report.text_tables(saved["results"]))
     if write:
         doc = REPO / "docs" / "benchmarks.md"

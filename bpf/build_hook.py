@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -72,7 +73,9 @@ class BuildPy(build_py):
 
     def run(self) -> None:
         super().run()
-        if not self.editable_mode:
+        # On Windows the objects (Linux BPF programs: the testing Producer, the tracer)
+        # mean nothing and the tools are absent: the wheel there ships none.
+        if not self.editable_mode and sys.platform != "win32":
             compile_objects(Path(self.build_lib).resolve() / "aperf" / "_objects")
 
 

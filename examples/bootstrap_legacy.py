@@ -4,7 +4,7 @@ The Python counterpart of libbpf-bootstrap's ``bootstrap_legacy``: the BPF
 programs in ``bpf/bootstrap_legacy.bpf.c`` report every exec and every exit of
 a process (with its exit code and how long it ran) through a
 ``BPF_MAP_TYPE_PERF_EVENT_ARRAY``; this program reads the per-CPU rings with
-:class:`aperf.PerfStream` and prints one line per event::
+``aperf.PerfStream`` and prints one line per event::
 
     $ .venv/bin/python -m examples.bootstrap_legacy      # as root
     TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE
@@ -111,7 +111,7 @@ async def trace(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.main(
         argv, name=PROG, command=f"python -m examples.{PROG}", default_object=DEFAULT_OBJECT,
-        trace=trace,
+        trace=trace, fleet=False,  # publishing to NATS (--nats) is the tool's: aperf-trace
     )
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fast check, as any user: lint, types, the API reference, and the tests that need
+# The fast check, as any user: lint, types, the docs site, and the tests that need
 # no BPF. No root, no apt, no mount, no make. The tests are selected with
 #   pytest -m "not kernel and not packaging"
 # where "kernel" is set on every test that takes the kernel fixture (tests/conftest.py)
@@ -16,15 +16,16 @@ PYTHON=.venv/bin/python
 if [ ! -x "$PYTHON" ]; then
     # An editable install compiles nothing (bpf/build_hook.py): no clang needed here.
     "${BASE_PYTHON:-python3}" -m venv .venv
-    "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[test,service]'
+    "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[test,service,docs]'
 fi
 
 "$PYTHON" -m ruff check aperf tests examples bench scripts bpf
 "$PYTHON" -m mypy aperf tests/typecheck
-if ! "$PYTHON" scripts/apidoc.py --check; then
-    echo "docs/api.md is out of date: run python scripts/apidoc.py" >&2
-    exit 1
-fi
+# The docs site and its API reference, warnings as errors, built into a temporary
+# directory (never into the checkout). tests/test_docs.py runs the pages' snippets.
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+"$PYTHON" -m mkdocs build --strict --site-dir "$site"
 
 status=0
 "$PYTHON" -m pytest -q -p no:cacheprovider "${selection[@]}" "$@" || status=$?

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Prepare this machine for aperf (idempotent; run as root):
 #   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc,
-#     chromium + chromium-driver (the service page's browser test)
-#   - Python packages, in .venv: aperf itself (editable) with its test and service extras
+#     chromium + chromium-driver (the service page's browser test), nats-server (JetStream,
+#     for the aperf.fleet tests)
+#   - Python packages, in .venv: aperf itself (editable) with its test, service and docs extras
 #   - tracefs and bpffs mounted
 #   - the BPF objects built (bpf/*.bpf.o, and the shipped ones in aperf/_objects/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(clang llvm libbpf-dev libbpf1 bpftool make gcc chromium chromium-driver)
+APT_PACKAGES=(clang llvm libbpf-dev libbpf1 bpftool make gcc chromium chromium-driver nats-server)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "aperf setup: run as root (BPF needs it, and so do apt-get and mount)" >&2
@@ -37,7 +38,7 @@ fi
 STAMP=.venv/.aperf-setup-stamp
 inputs=$( { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
 if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inputs" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service]'
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service,docs]'
     echo "$inputs" > "$STAMP"
 fi
 

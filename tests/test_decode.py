@@ -65,6 +65,18 @@ def test_unknown_btf_struct_lists_known_ones() -> None:
         aperf.decoders.from_btf(obj, "struct nope")
 
 
+def test_a_struct_missing_from_btf_says_how_it_gets_there() -> None:
+    path = object_path("kinds")
+    with aperf.BPFObject(path) as obj, pytest.raises(aperf.UnknownNameError) as info:
+        aperf.decoders.from_btf(obj, "not_there")
+    message = str(info.value)
+    assert message.startswith("no struct in the object's BTF named 'not_there'; known: ")
+    # The usual cause, a struct only a stack variable uses, and the fix and the check:
+    assert "global variable or a function's signature" in message
+    assert "'struct not_there *unused_not_there __attribute__((unused));'" in message
+    assert f"'bpftool btf dump file {path} | grep STRUCT'" in message
+
+
 def test_btf_name_needs_an_object_map(producer: Producer) -> None:
     with pytest.raises(TypeError, match="from_btf"):
         aperf.PerfStream(producer.map.fd, decoder="kinds")

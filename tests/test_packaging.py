@@ -112,7 +112,8 @@ def test_sdist_carries_what_building_and_testing_need(dist: Dist) -> None:
         "LICENSE", "README.md", "pyproject.toml", "MANIFEST.in",
         "bpf/Makefile", "bpf/build_hook.py", "bpf/bootstrap.h", "bpf/kinds.h",
         "tests/conftest.py", "tests/test_tracer.py", "tests/test_packaging.py",
-        "docs/tutorial.md", "examples/bootstrap_legacy.py", "examples/service/__init__.py",
+        "docs/tutorial.md", "examples/bootstrap_legacy.py", "examples/service/app.py",
+        "examples/service/static/index.html",
         "scripts/test.sh", "scripts/check.sh", "aperf/_trace/cli.py",
     }
     needed |= {f"bpf/{name}.bpf.c" for name in SHIPPED}

@@ -327,7 +327,7 @@ def pinned_object_fd(
 ) -> int:
     """A new fd of the BPF object pinned at ``path`` (the caller closes it).
 
-    :class:`ArgumentError` for a NUL byte in ``path``; :class:`PinnedPathError`
+    ``ArgumentError`` for a NUL byte in ``path``; ``PinnedPathError``
     when ``path`` exists but holds no pinned object (not bpffs, a directory).
     """
     raw = c_path(path, argument)
@@ -349,7 +349,7 @@ def _why_not_pinnable(path: bytes, err: int) -> str | None:
 
 
 def pin_object(fd: int, path: bytes) -> None:
-    """Pin the BPF object behind ``fd`` at ``path`` (checked by :func:`c_path`).
+    """Pin the BPF object behind ``fd`` at ``path`` (checked by ``c_path()``).
 
     Through ``bpf_obj_pin`` rather than ``bpf_map__pin``: libbpf keeps the path
     of a failed pin in the map, which fails every later pin elsewhere and makes
@@ -427,9 +427,13 @@ def map_info(fd: int) -> MapInfo:
     # which this struct would misread as a map's.
     if object_kind(fd) != "map":
         raise LibbpfError(errno.EINVAL, "bpf_obj_get_info_by_fd", f"fd {fd} is not a BPF map")
-    info = _bpf_map_info()
+    return read_map_info(fd, _bpf_map_info(), c.bpf_obj_get_info_by_fd)
+
+
+def read_map_info(fd: int, info: Any, get_info: Any) -> MapInfo:
+    """``get_info`` (a ``bpf_obj_get_info_by_fd``) into ``info`` (its ``bpf_map_info``)."""
     size = ctypes.c_uint32(ctypes.sizeof(info))
-    c.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size))
+    get_info(fd, ctypes.byref(info), ctypes.byref(size))
     return MapInfo(
         type=info.type,
         id=info.id,
@@ -779,12 +783,21 @@ class PerfRings:
         opts.cpu_cnt = len(cpus)
         opts.cpus = keys
         opts.map_keys = keys
-        self._pb = int(
-            c.perf_buffer__new_raw(
-                map_fd, page_count, ctypes.byref(attr), _record_callback, None,
-                ctypes.byref(opts),
-            )
-        )
+        with capture_log() as captured:
+            try:
+                self._pb = int(
+                    c.perf_buffer__new_raw(
+                        map_fd, page_count, ctypes.byref(attr), _record_callback, None,
+                        ctypes.byref(opts),
+                    )
+                )
+            except LibbpfError as exc:
+                # E.g. "failed to mmap perf buffer": the errno alone does not say which step.
+                exc.log = captured.text
+                said = [line for line in captured.text.splitlines() if line.strip()]
+                if said and not exc.detail:
+                    exc.detail = f"opening {page_count}-page rings: {said[-1].strip()}"
+                raise
         try:
             self.rings = self._collect(cpus)
         except BaseException:

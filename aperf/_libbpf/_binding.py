@@ -2,8 +2,9 @@
 
 Every prototype is made by a small factory that sets ``argtypes``, a ctypes
 ``restype`` and an ``errcheck``; the errcheck turns a NULL or negative return
-into a :class:`~aperf.LibbpfError` carrying errno and the function's name, and
-re-raises any exception that a Python callback raised while C was running.
+into a ``LibbpfError`` carrying errno and the function's name, and
+re-raises any exception that a Python callback raised while C was running
+(the prototype and the parking are shared with ``_ebpfwin``, in ``_prototypes``).
 Nothing outside this subpackage touches ctypes prototypes.
 """
 
@@ -13,11 +14,14 @@ import ctypes
 import ctypes.util
 import errno as _errno
 import os
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import LibbpfError, LibbpfUnavailableError, MissingPrivilegesError
+from .._prototypes import ErrCheck, Prototype, check_negative, check_nothing, check_null
+from .._prototypes import park_callback_error as park_callback_error  # for _api's callbacks
 
 LIBBPF_ENV = "APERF_LIBBPF"
 """Environment variable naming the libbpf shared library to load instead of ``libbpf.so.1``."""
@@ -46,33 +50,14 @@ def error_for(err: int, function: str, detail: str = "") -> LibbpfError:
     return LibbpfError(err, function, detail, message)
 
 
-class _CallbackErrors(threading.local):
-    """Exceptions raised by Python callbacks while C held the stack, per thread.
-
-    A ctypes callback cannot raise through C; instead it parks the exception
-    here and the errcheck of the C call that invoked it re-raises it.
-    """
-
-    def __init__(self) -> None:
-        self.pending: BaseException | None = None
-
-
-callback_errors = _CallbackErrors()
-
-
-def park_callback_error(exc: BaseException) -> None:
-    if callback_errors.pending is None:
-        callback_errors.pending = exc
-
-
-def _raise_parked() -> None:
-    exc = callback_errors.pending
-    if exc is not None:
-        callback_errors.pending = None
-        raise exc
-
-
 def _load_library() -> ctypes.CDLL:
+    if sys.platform == "win32" and not os.environ.get(LIBBPF_ENV):
+        # eBPF for Windows has its own loader (ebpfapi.dll, aperf._ebpfwin); never libbpf.so.1.
+        raise LibbpfUnavailableError(
+            "aperf.BPFObject needs libbpf and runs on Linux only; on Windows load the program "
+            "with eBPF for Windows and pass the perf event array's fd or pinned path to "
+            "aperf.PerfStream/PerfBuffer (see docs/windows.md)"
+        )
     path = os.environ.get(LIBBPF_ENV) or "libbpf.so.1"
     try:
         lib = ctypes.CDLL(path, use_errno=True)
@@ -114,74 +99,32 @@ def library() -> ctypes.CDLL:
 
 # --- prototype factories ------------------------------------------------------
 
-ErrCheck = Callable[[Any, Any, tuple[Any, ...]], Any]
+def _missing(name: str) -> Exception:
+    return LibbpfUnavailableError(f"the loaded libbpf has no {name}(); {INSTALL_HINT}")
 
 
-class _Prototype:
-    """A C function declared lazily (so importing aperf never loads libbpf)."""
-
-    def __init__(
-        self, name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck
-    ) -> None:
-        self.name = name
-        self._restype = restype
-        self._argtypes = list(argtypes)
-        self._errcheck = errcheck
-        self._fn: Any = None
-
-    def __call__(self, *args: Any) -> Any:
-        fn = self._fn
-        if fn is None:
-            fn = self._bind()
-        return fn(*args)
-
-    def _bind(self) -> Any:
-        try:
-            fn = getattr(library(), self.name)
-        except AttributeError:
-            raise LibbpfUnavailableError(
-                f"the loaded libbpf has no {self.name}(); {INSTALL_HINT}"
-            ) from None
-        fn.restype = self._restype
-        fn.argtypes = self._argtypes
-        fn.errcheck = self._errcheck
-        self._fn = fn
-        return fn
+def _declare(name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck) -> Prototype:
+    """A libbpf function declared now, bound on first call (importing aperf loads nothing)."""
+    return Prototype(library, _missing, name, restype, argtypes, errcheck)
 
 
-def _check_negative(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
-    _raise_parked()
-    if result < 0:
-        raise error_for(-result, func.__name__)
-    return result
+_check_negative = check_negative(error_for)
+_check_null = check_null(error_for)
 
 
-def _check_null(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
-    _raise_parked()
-    if not result:
-        raise error_for(ctypes.get_errno() or _errno.EINVAL, func.__name__)
-    return result
-
-
-def _check_nothing(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
-    # No error convention (getters, iterators, void): only re-raise callback errors.
-    _raise_parked()
-    return result
-
-
-def int_fn(name: str, *argtypes: Any) -> _Prototype:
+def int_fn(name: str, *argtypes: Any) -> Prototype:
     """A function returning ``int``: negative is ``-errno``."""
-    return _Prototype(name, ctypes.c_int, argtypes, _check_negative)
+    return _declare(name, ctypes.c_int, argtypes, _check_negative)
 
 
-def ptr_fn(name: str, *argtypes: Any) -> _Prototype:
+def ptr_fn(name: str, *argtypes: Any) -> Prototype:
     """A function returning a pointer: NULL means failure, with ``errno`` set."""
-    return _Prototype(name, ctypes.c_void_p, argtypes, _check_null)
+    return _declare(name, ctypes.c_void_p, argtypes, _check_null)
 
 
-def plain_fn(name: str, restype: Any, *argtypes: Any) -> _Prototype:
+def plain_fn(name: str, restype: Any, *argtypes: Any) -> Prototype:
     """A function with no error convention (a getter, an iterator, or void)."""
-    return _Prototype(name, restype, argtypes, _check_nothing)
+    return _declare(name, restype, argtypes, check_nothing)
 
 
 def version() -> tuple[int, int]:

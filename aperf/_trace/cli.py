@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from importlib import resources
@@ -38,6 +39,7 @@ MAX_PAGES = 8192  # 32 MiB per CPU: far more than exec/exit rates need, and stil
 # ticking while the machine is idle. "balanced" suits high event rates.
 DEFAULT_WAKEUP = "lowest-latency"
 WAKEUPS = ("lowest-latency", "balanced", "throughput")
+FLEET_STREAM = "bootstrap_legacy"  # the stream name the tracer publishes under (--nats)
 
 Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -159,8 +161,10 @@ class Printer:
 
 
 async def trace(args: argparse.Namespace) -> int:
-    """Print every exec and exit until SIGINT/SIGTERM, or until stdout's reader goes away."""
+    """Print every exec and exit until SIGINT/SIGTERM, or until stdout's reader goes away;
+    with ``--nats``, publish them to JetStream too."""
     out = await LineOutput.open()
+    sink = await open_sink(args)
     try:
         with StopSignals() as stop, tracer_object(
             args.object, args.duration * 1_000_000, ringbuf_bytes(args)
@@ -177,13 +181,62 @@ async def trace(args: argparse.Namespace) -> int:
                 stop.on_stop(stream.close)
                 printer = Printer(out, args.json)
                 await printer.header()
-                async for item in stream:
-                    await printer.show(item)
-                    if out.broken:
-                        stream.close()
+                if sink is None:
+                    async for item in stream:
+                        await printer.show(item)
+                        if out.broken:
+                            stream.close()
+                else:
+                    await publish(stream, printer, sink, stop)
     finally:
-        await out.aclose()
+        try:
+            await out.aclose()
+        finally:
+            if sink is not None:
+                await sink.aclose()
     return 0
+
+
+async def open_sink(args: argparse.Namespace) -> Any:
+    """With ``--nats URL``: an open aperf.fleet sink that publishes every event too."""
+    if not args.nats:
+        return None
+    try:
+        from aperf.fleet import FleetConfigError, JetStreamSink
+    except ImportError as exc:
+        raise SetupError(str(exc)) from None
+    sink = JetStreamSink(args.nats, host=args.host, name=FLEET_STREAM)
+    try:
+        await sink.open()
+    except FleetConfigError as exc:
+        raise SetupError(f"--nats: {exc}") from None
+    return sink
+
+
+async def publish(
+    stream: aperf.PerfStream[Any], printer: Printer, sink: Any, stop: StopSignals
+) -> None:
+    """Print each batch, then publish it (waiting while JetStream is slow: backpressure
+    then ends in the kernel's lost counters, which are published when it is back)."""
+
+    closing: list[asyncio.Future[None]] = []
+
+    def give_up() -> None:  # a send() waiting for JetStream gives up (counted as dropped)
+        closing.append(asyncio.ensure_future(sink.aclose(timeout=1.0)))
+
+    stop.on_stop(give_up)
+    async for batch in stream.batches():
+        for item in batch:
+            await printer.show(item)
+        if printer.out.broken:
+            stream.close()
+        if stop.requested:
+            continue
+        try:
+            await sink.send(batch)
+        except aperf.AperfError:
+            if not stop.requested:  # else: the stop closed the sink meanwhile
+                raise
 
 
 # --- command line ------------------------------------------------------------------------
@@ -221,7 +274,8 @@ def ringbuf_bytes(args: argparse.Namespace) -> int | None:
 
 
 def parse_args(
-    argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None
+    argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None,
+    fleet: bool = True,
 ) -> argparse.Namespace:
     """The options; ``default_object`` is the perf event array tracer's object, and the
     ring buffer twin's (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
@@ -265,6 +319,17 @@ def parse_args(
         help=f"the compiled BPF object (default: {default_object}, with --ringbuf "
         f"{ringbuf_object})",
     )
+    if fleet:
+        parser.add_argument(
+            "--nats", metavar="URL",
+            help="also publish every event to NATS JetStream at URL (needs aperf[nats]; the "
+            "stream must exist: python -m aperf.fleet create-stream --nats URL); "
+            "python -m examples.fleet_view shows a fleet",
+        )
+        parser.add_argument(
+            "--host", default=socket.gethostname(), metavar="NAME",
+            help="the host name published with --nats (default: this machine's)",
+        )
     args = parser.parse_args(argv)
     if args.pages is None:
         args.pages = DEFAULT_RINGBUF_PAGES if args.ringbuf else DEFAULT_PAGES
@@ -312,9 +377,11 @@ def main(
     command: str = PROG,
     default_object: Path | None = None,
     trace: Trace = trace,
+    fleet: bool = True,
 ) -> int:
-    """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program."""
-    args = parse_args(argv, command=command, default_object=default_object)
+    """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program;
+    ``fleet``: whether it takes ``--nats`` and ``--host``."""
+    args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
     configure_logging(args.verbose)
 
     def fail(message: str) -> int:
@@ -340,12 +407,10 @@ def main(
     except aperf.VerifierError as exc:
         # Several lines on purpose: the end of the verifier's log says why.
         return fail(str(exc))
-    except (aperf.MissingPrivilegesError, PermissionError) as exc:
-        call = f"{exc.function}(): " if isinstance(exc, aperf.LibbpfError) else ""
-        return fail(
-            f"the kernel refused ({call}{exc.strerror}); loading BPF programs needs root "
-            "(CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)"
-        )
+    except aperf.MissingPrivilegesError as exc:
+        return fail(f"the kernel refused ({exc.function}(): {exc.strerror}); {exc.hint}")
+    except PermissionError as exc:
+        return fail(f"{exc.strerror}: {exc.filename}" if exc.filename else str(exc))
     except aperf.AperfError as exc:
         # Also a kernel without BPF (ENOSYS) or without these tracepoints (ENOENT).
         # libbpf's log lines follow the first line; -v shows all of them.

@@ -3,43 +3,32 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from pathlib import Path
 
+from .._errors import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, effective_capabilities
 from .._log import log
 
 TRACEFS = Path("/sys/kernel/tracing")
 # libbpf reads tracepoint ids under debugfs when it is mounted, else under tracefs.
 TRACING_DIRS = (Path("/sys/kernel/debug/tracing"), TRACEFS)
 
-# Capability bits (linux/capability.h).
-CAP_SYS_ADMIN = 21
-CAP_PERFMON = 38
-CAP_BPF = 39
-
 
 class SetupError(Exception):
     """Something the tracer needs is missing. The message says what; it is printed as one line."""
 
 
-def effective_capabilities() -> int | None:
-    """The CapEff bit mask of this process, or None if /proc cannot tell."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+CAPABILITIES = "CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH"  # docs/privileges.md
 
 
 def missing_privileges() -> str | None:
     """Why this process cannot load and attach the tracer, or None if it can.
 
     Loading tracing programs needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN,
-    which root has). Checked before anything is opened, so that the usual
-    mistake (forgetting sudo) gets a plain sentence, not an errno.
+    which root has); tracefs access is checked by ``ensure_tracefs()``. Checked
+    before anything is opened, so that the usual mistake (not being root) gets a
+    plain sentence, not an errno.
     """
     caps = effective_capabilities()
     if caps is None:
@@ -51,7 +40,19 @@ def missing_privileges() -> str | None:
     who = "root without capabilities" if euid == 0 else f"uid {euid}"
     return (
         "loading BPF programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN), "
-        f"and this process runs as {who}; run it with sudo"
+        f"and this process runs as {who}; run it as root, or with {CAPABILITIES}"
+    )
+
+
+def tracefs_unreadable(path: Path) -> str:
+    """The sentence for a tracefs that this process may not read."""
+    try:
+        mode = f" (mode {path.stat().st_mode & 0o7777:04o})"
+    except OSError:
+        mode = ""
+    return (
+        f"cannot read tracefs at {path}{mode}: attaching the tracepoints "
+        f"reads their ids there; run as root, or with {CAPABILITIES}"
     )
 
 
@@ -62,8 +63,17 @@ def ensure_tracefs() -> None:
     ``<tracefs>/events/<category>/<name>/id``; minimal systems (containers, VMs
     booted without systemd) often have tracefs unmounted.
     """
-    if any((d / "events").is_dir() for d in TRACING_DIRS):
-        return
+    unreadable = None
+    for directory in TRACING_DIRS:
+        try:  # os.stat, not Path.is_dir(), which hides EACCES in newer Pythons
+            if stat.S_ISDIR(os.stat(directory / "events").st_mode):
+                return
+        except PermissionError:  # there, but 0700 and this process is not root
+            unreadable = directory
+        except OSError:
+            pass
+    if unreadable is not None:
+        raise SetupError(tracefs_unreadable(unreadable))
     try:
         result = subprocess.run(
             ["mount", "-t", "tracefs", "tracefs", str(TRACEFS)],

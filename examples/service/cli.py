@@ -167,9 +167,10 @@ def load_failure(exc: BaseException) -> str:
         return f"cannot open BPF object {exc.path}: {first_line(exc.detail)}"
     if isinstance(exc, aperf.VerifierError):
         return f"the verifier rejected {exc.program or 'a program'} of {exc.path} (see the log)"
-    if isinstance(exc, (aperf.MissingPrivilegesError, PermissionError)):
-        return (f"the kernel refused ({exc.strerror}); loading BPF programs needs root "
-                "(CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)")
+    if isinstance(exc, aperf.MissingPrivilegesError):
+        return f"the kernel refused ({exc.function}(): {exc.strerror}); {exc.hint}"
+    if isinstance(exc, PermissionError):
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else str(exc)
     return f"the tracer did not start: {first_line(str(exc)) or type(exc).__name__}"
 
 

@@ -10,18 +10,22 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
-    "_errors": 0, "_log": 0,
+    "_errors": 0, "_log": 0, "_prototypes": 0,
     "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1,
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
     "_source": 3, "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
+    "_ebpfwin": 3,
     "_reader": 4,
     "_setup": 5, "_loops": 5, "_trio": 5,
     "_stream": 6, "_sync": 6,
     "__init__": 7, "decoders": 7, "testing": 7,
-    "_trace": 8, "__main__": 8,  # tools built on the public API
+    "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
 }
-# __init__ re-exports
-BINDING_USERS = {"_object", "_btf", "_map_spec", "_perf_source", "testing", "__init__"}
+# __init__ re-exports; _ebpfwin (eBPF for Windows' own binding and source) reads its
+# map facts with _libbpf's MapInfo.
+BINDING_USERS = {
+    "_object", "_btf", "_map_spec", "_perf_source", "_ebpfwin", "testing", "__init__",
+}
 
 
 def unit_of(path: Path) -> str:
@@ -116,7 +120,9 @@ def test_the_reader_reaches_no_binding() -> None:
         if unit not in seen:
             seen.add(unit)
             todo.extend(graph.get(unit, ()))
-    assert not seen & {"_libbpf", "_object", "_btf", "_perf_source", "_stream", "_sync"}
+    assert not seen & {
+        "_libbpf", "_object", "_btf", "_perf_source", "_ebpfwin", "_stream", "_sync"
+    }
 
 
 def test_importing_aperf_loads_no_library() -> None:

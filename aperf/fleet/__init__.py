@@ -1,0 +1,49 @@
+"""aperf.fleet: forward perf streams into NATS JetStream, and read a fleet back as one stream.
+
+Needs the ``nats`` extra: ``pip install 'aperf[nats]'``. See docs/fleet.md.
+
+- [`JetStreamSink`][aperf.fleet.JetStreamSink] forwards an
+  [`aperf.PerfStream`][aperf.PerfStream] (or events you give it) to subject
+  ``aperf.<host>.<stream>``, in batches, with message ids, a bounded window of
+  unacknowledged messages and backpressure into the stream.
+- [`FleetReader`][aperf.fleet.FleetReader] reads a JetStream stream through a
+  durable consumer and yields [`FleetEvent`][aperf.fleet.FleetEvent]
+  ``(host, stream, event)`` tuples: the same ``Sample``/``Lost``/``BadSample``
+  events, decoded with the same decoders, and [`Gap`][aperf.fleet.Gap] notices
+  for anything JetStream no longer holds.
+- [`create_stream()`][aperf.fleet.create_stream] makes the JetStream stream both
+  sides use.
+"""
+
+try:
+    import nats as _nats  # noqa: F401  # only to fail early with a useful message
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "aperf.fleet needs nats-py, which is not installed: pip install 'aperf[nats]'"
+    ) from _exc
+
+from ._connect import create_stream as create_stream
+from ._errors import FleetClosedError as FleetClosedError
+from ._errors import FleetConfigError as FleetConfigError
+from ._errors import FleetError as FleetError
+from ._errors import FrameError as FrameError
+from ._events import FleetEvent as FleetEvent
+from ._events import Gap as Gap
+from ._events import ReaderStatistics as ReaderStatistics
+from ._events import SinkStatistics as SinkStatistics
+from ._reader import FleetReader as FleetReader
+from ._sink import JetStreamSink as JetStreamSink
+
+__all__ = [
+    "FleetClosedError",
+    "FleetConfigError",
+    "FleetError",
+    "FleetEvent",
+    "FleetReader",
+    "FrameError",
+    "Gap",
+    "JetStreamSink",
+    "ReaderStatistics",
+    "SinkStatistics",
+    "create_stream",
+]

@@ -1,0 +1,73 @@
+"""What the fleet reader yields, and the statistics of the sink and the reader."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class FleetEvent(NamedTuple):
+    """One event of one host's stream: ``event`` is an [`aperf.Sample`][aperf.Sample],
+    [`aperf.Lost`][aperf.Lost], [`aperf.BadSample`][aperf.BadSample] or [`Gap`][aperf.fleet.Gap]."""
+
+    host: str
+    stream: str
+    event: Any
+
+
+class Gap(NamedTuple):
+    """Events ``first .. first+count-1`` of this host's stream were stored in JetStream
+    but never reached this reader (the stream's limits removed them, or the sink had to
+    drop them). They held ``samples`` samples and Lost notices totalling ``lost``:
+    exact figures, from the cumulative counters every message carries."""
+
+    first: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as aperf.Lost does
+    samples: int
+    lost: int
+
+
+@dataclass(frozen=True)
+class SinkStatistics:
+    """A snapshot of a sink's counters (messages, unless named samples).
+
+    ``dropped`` maps a reason to the samples the sink gave up on for it: data samples,
+    plus the counts of the Lost notices it dropped. ``in_flight_bytes`` never exceeds
+    ``window * max_message_bytes``, whatever the outage.
+    """
+
+    published: int
+    acknowledged: int
+    retried: int
+    duplicates: int
+    samples_published: int
+    samples_acknowledged: int
+    lost_forwarded: int
+    bad_forwarded: int
+    dropped: Mapping[str, int]
+    in_flight: int
+    in_flight_bytes: int
+    connected: bool
+    reconnects: int
+
+    @property
+    def dropped_samples(self) -> int:
+        """Samples the sink gave up on, whatever the reason (the sum of ``dropped``)."""
+        return sum(self.dropped.values())
+
+
+@dataclass(frozen=True)
+class ReaderStatistics:
+    """A snapshot of a [`FleetReader`][aperf.fleet.FleetReader]'s counters since it opened."""
+
+    messages: int
+    samples: int
+    lost: int
+    bad: int
+    gaps: int
+    gap_samples: int
+    gap_lost: int
+    duplicates: int
+    malformed: int
+    sources: int

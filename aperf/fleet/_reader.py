@@ -1,0 +1,385 @@
+"""The fleet reader: one async stream of every host's events, from a durable JetStream consumer.
+
+It pulls messages in batches, parses them, decodes samples with the decoder a
+local ``PerfStream`` would use, and hands out ``FleetEvent``
+tuples. A message is acknowledged once its last event has been handed out and
+the consumer came back for the next one (or closed the reader): what a reader
+stops in the middle of is redelivered to the next reader of the durable consumer.
+
+Sequence numbers make it exact: duplicates (redeliveries, retries stored twice)
+are dropped, and holes that can no longer fill are handed out as ``Gap``
+events with the samples and lost counts they held (see ``_gaps.py``). The gap
+report assumes one reader per durable consumer; readers sharing one durable
+each see only their share of the messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from itertools import repeat as _repeat
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from .._decode import SizedDecoder
+from .._errors import DecodeError
+from .._events import BadSample, Sample
+from .._log import log
+from ._args import check_int, check_name, check_seconds
+from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, Servers, connect, server_list, stream_info
+from ._errors import FleetClosedError, FleetConfigError, FrameError
+from ._events import FleetEvent, Gap, ReaderStatistics
+from ._gaps import Hole, SourceTrack
+from ._wire import BAD, END, SAMPLES, Frame, parse
+
+Decoder = Callable[[bytes], Any]
+DecoderChoice = Decoder | Mapping[str, Decoder | None] | None
+_Key = tuple[str, str, int]  # host, stream, epoch
+_Done = tuple[Msg, tuple[_Key, int]]  # a message, and which one, once its events are out
+_RETRY_PAUSE = 0.2  # seconds between fetches while the server is away
+_NEVER = 1 << 62
+_tuple_new = tuple.__new__
+
+
+@dataclass
+class _Counts:
+    messages: int = 0
+    samples: int = 0
+    lost: int = 0
+    bad: int = 0
+    gaps: int = 0
+    gap_samples: int = 0
+    gap_lost: int = 0
+    duplicates: int = 0
+    malformed: int = 0
+
+
+class FleetReader:
+    """Every host's events from JetStream stream ``jetstream``, as one async iterator.
+
+    <!-- not run: a fragment, against a server at nats://nats:4222 (tests/test_fleet.py) -->
+    ```python
+    decoder = aperf.decoders.from_btf(aperf.BPFObject("tracer.bpf.o"), "event")
+    async with FleetReader("nats://nats:4222", durable="viewer", decoder=decoder) as r:
+        async for host, stream, event in r:
+            ...
+    ```
+
+    ``decoder`` decodes the samples of every stream, or maps stream names to
+    decoders (a missing name: raw bytes, ``value`` None). ``durable`` names the
+    consumer (created on first use with ``ack_wait`` and ``max_ack_pending``, kept
+    by JetStream across restarts of the reader and the server). ``subject`` filters
+    (default ``<subject_prefix>.>``, every host and stream); ``batch`` is the most
+    messages per fetch.
+    """
+
+    def __init__(
+        self,
+        servers: Servers,
+        *,
+        jetstream: str = DEFAULT_JETSTREAM,
+        durable: str = "aperf-fleet",
+        subject: str | None = None,
+        subject_prefix: str = DEFAULT_PREFIX,
+        decoder: DecoderChoice = None,
+        batch: int = 64,
+        fetch_timeout: float = 1.0,
+        ack_wait: float = 60.0,
+        max_ack_pending: int = 1024,
+        connect_timeout: float = 5.0,
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._servers = server_list(servers)
+        check_name("jetstream", jetstream)
+        check_name("durable", durable)
+        self._max_ack_pending = check_int("max_ack_pending", max_ack_pending, 1, 1 << 20)
+        self._batch = check_int("batch", batch, 1, max_ack_pending)
+        self._fetch_timeout = check_seconds("fetch_timeout", fetch_timeout)
+        self._ack_wait = check_seconds("ack_wait", ack_wait)
+        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
+        if decoder is not None and not callable(decoder) and not isinstance(decoder, Mapping):
+            raise TypeError(
+                f"decoder must be a callable, a mapping of stream names to them, or None, "
+                f"not {type(decoder).__name__}"
+            )
+        self._jetstream = jetstream
+        self._durable = durable
+        self._subject = subject or f"{subject_prefix}.>"
+        self._decoder = decoder
+        self._connect_options = dict(connect_options or {})
+        self._nc: Client | None = None
+        self._psub: JetStreamContext.PullSubscription | None = None
+        self._sources: dict[_Key, SourceTrack] = {}
+        # Events built and not yet handed out. The last event of a message carries
+        # the message, to be acknowledged when the consumer is done with the event.
+        self._held: deque[FleetEvent] = deque()
+        # Where each held message ends, counted in events ever queued, so a message is
+        # known done when that many events have been handed out.
+        self._ends: deque[tuple[int, _Done]] = deque()
+        self._queued = 0
+        self._handed = 0
+        self._next_end = _NEVER
+        self._held_messages: set[tuple[_Key, int]] = set()
+        self._to_ack: list[_Done] = []
+        self._closed = False
+        self._n = _Counts()
+        self._last_problem = ""
+
+    # --- opening and closing -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, check the stream, create or bind the durable consumer."""
+        if self._closed:
+            raise FleetClosedError("this FleetReader was closed; make a new one")
+        if self._nc is not None:
+            return
+        nc = await connect(
+            self._servers, timeout=self._connect_timeout, name=f"aperf-reader {self._durable}",
+            on_error=self._on_error, options=self._connect_options,
+        )
+        try:
+            js = nc.jetstream()
+            await stream_info(js, self._jetstream)
+            config = ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=self._ack_wait,
+                max_ack_pending=self._max_ack_pending,
+            )
+            try:
+                self._psub = await js.pull_subscribe(
+                    self._subject, durable=self._durable, stream=self._jetstream, config=config
+                )
+            except nats.js.errors.BadRequestError as exc:
+                raise FleetConfigError(
+                    "subject", f"JetStream refused a consumer on {self._subject!r} in stream "
+                    f"{self._jetstream!r}: {exc.description}"
+                ) from None
+        except BaseException:
+            await nc.close()
+            raise
+        self._nc = nc
+        log.info(
+            "fleet reader opened", jetstream=self._jetstream, durable=self._durable,
+            subject=self._subject,
+        )
+
+    async def __aenter__(self) -> FleetReader:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Acknowledge what was handed out, and disconnect. Events still held are not
+        acknowledged: JetStream redelivers their messages to the next reader."""
+        if self._closed:
+            return
+        self._closed = True
+        nc = self._nc
+        if nc is None:
+            return
+        try:
+            await self._ack_done()
+        finally:
+            await nc.close()
+        log.info("fleet reader closed", durable=self._durable, messages=self._n.messages)
+
+    # --- iterating ---------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[FleetEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[FleetEvent]:
+        # The held events live on the reader, not in this generator: a consumer that
+        # breaks out of its loop continues where it stopped with the next loop.
+        self._require_open()
+        held = self._held
+        while True:
+            if self._to_ack:
+                await self._ack_done()
+            if held:
+                self._handed += 1
+                if self._handed >= self._next_end:
+                    self._settle_ends()
+                yield held.popleft()
+                continue
+            if self._closed:
+                return
+            await self._fill()
+
+    async def batches(self, max_items: int = 1024) -> AsyncIterator[list[FleetEvent]]:
+        """Yield lists of up to ``max_items`` events, in order, without a per-item await.
+
+        Acknowledgement works as for ``async for``: a message is acknowledged when the
+        batch holding its last event has been handled (the next batch is asked for).
+        """
+        check_int("max_items", max_items, 1, 1 << 30)
+        self._require_open()
+        held = self._held
+        while True:
+            if self._to_ack:
+                await self._ack_done()
+            if held:
+                n = min(len(held), max_items)
+                batch = [held.popleft() for _ in range(n)]
+                self._handed += n
+                if self._handed >= self._next_end:
+                    self._settle_ends()
+                yield batch
+                continue
+            if self._closed:
+                return
+            await self._fill()
+
+    def _require_open(self) -> None:
+        if self._psub is None:
+            raise FleetClosedError("open the FleetReader first (async with, or await open())")
+
+    def _settle_ends(self) -> None:
+        """Messages whose last event is now handed out: acknowledged at the next step."""
+        ends = self._ends
+        while ends and ends[0][0] <= self._handed:
+            self._to_ack.append(ends.popleft()[1])
+        self._next_end = ends[0][0] if ends else _NEVER
+
+    async def _ack_done(self) -> None:
+        done, self._to_ack = self._to_ack, []
+        for msg, which in done:
+            self._held_messages.discard(which)
+            try:
+                await msg.ack()
+            except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError):
+                # Not acknowledged: JetStream redelivers it after ack_wait, and this
+                # reader (if still running) drops the copy as a duplicate.
+                log.debug("fleet reader: ack not sent", durable=self._durable)
+
+    async def _fill(self) -> None:
+        psub = self._psub
+        assert psub is not None
+        try:
+            msgs = await psub.fetch(self._batch, timeout=self._fetch_timeout)
+        except nats.errors.TimeoutError:
+            return  # nothing new (or the server is away; the client reconnects)
+        except nats.errors.ConnectionClosedError:
+            if self._closed:
+                return
+            raise FleetClosedError("the NATS connection of the fleet reader closed") from None
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            if self._closed:
+                return
+            self._note_problem(exc)
+            await asyncio.sleep(_RETRY_PAUSE)
+            return
+        for msg in msgs:
+            await self._accept(msg)
+
+    async def _accept(self, msg: Msg) -> None:
+        self._n.messages += 1
+        try:
+            frame = parse(msg.data)
+        except FrameError as exc:
+            self._n.malformed += 1
+            log.warning("fleet reader: not an aperf.fleet message", subject=msg.subject,
+                        error=str(exc))
+            await msg.term()
+            return
+        key = (frame.host, frame.stream, frame.epoch)
+        track = self._sources.get(key)
+        if track is None:
+            track = self._sources[key] = SourceTrack()
+        if frame.kind == END:
+            self._hand_gaps(frame, track.end(frame.first, frame.samples_before, frame.lost_before))
+            await msg.ack()
+            return
+        lost = frame.lost
+        if not track.add(
+            frame.first, frame.count, frame.samples_before, frame.lost_before, frame.samples, lost
+        ):
+            self._n.duplicates += 1
+            if (key, frame.first) not in self._held_messages:
+                await msg.ack()  # else the first copy is acknowledged when handed out
+            return
+        self._hand_gaps(frame, track.holes_below(frame.watermark))
+        events = self._build(frame)
+        self._n.samples += frame.samples
+        self._n.lost += lost
+        self._hold(frame, events)
+        which = (key, frame.first)
+        self._ends.append((self._queued, (msg, which)))
+        if len(self._ends) == 1:
+            self._next_end = self._queued
+        self._held_messages.add(which)
+
+    def _hold(self, frame: Frame, events: list[Any]) -> None:
+        # FleetEvents built at C speed: tuple.__new__ skips the named tuple's Python __new__.
+        rows = zip(_repeat(frame.host), _repeat(frame.stream), events)
+        self._held.extend(map(_tuple_new, _repeat(FleetEvent), rows))
+        self._queued += len(events)
+
+    def _hand_gaps(self, frame: Frame, holes: list[Hole]) -> None:
+        for hole in holes:
+            self._n.gaps += 1
+            self._n.gap_samples += hole.samples
+            self._n.gap_lost += hole.lost
+        self._hold(frame, [Gap(*hole) for hole in holes])
+
+    def _build(self, frame: Frame) -> list[Any]:
+        if frame.kind != SAMPLES:
+            self._n.bad += frame.kind == BAD
+            return frame.events
+        decoder = self._decoder_for(frame.stream)
+        cpus, datas = frame.cpus, frame.datas
+        if decoder is None:
+            return list(map(_tuple_new, _repeat(Sample), zip(cpus, datas, _repeat(None))))
+        if isinstance(decoder, SizedDecoder) and min(map(len, datas)) >= decoder.size:
+            try:
+                values = decoder.decode_many(datas)
+            except Exception:
+                pass  # one of them does not decode: find which, one by one
+            else:
+                rows = zip(cpus, datas, values, strict=True)
+                return list(map(_tuple_new, _repeat(Sample), rows))
+        events: list[Any] = []
+        for cpu, data in zip(cpus, datas, strict=True):
+            try:
+                events.append(Sample(cpu, data, decoder(data)))
+            except Exception as exc:
+                self._n.bad += 1
+                error = exc if isinstance(exc, DecodeError) else DecodeError(cpu, data, str(exc))
+                events.append(BadSample(cpu, data, error))
+        return events
+
+    def _decoder_for(self, stream: str) -> Decoder | None:
+        decoder = self._decoder
+        if isinstance(decoder, Mapping):
+            return decoder.get(stream)
+        return decoder
+
+    def _on_error(self, exc: Exception) -> None:
+        log.debug("fleet reader: NATS error", durable=self._durable, error=str(exc))
+
+    def _note_problem(self, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        if text != self._last_problem:  # once per kind of trouble, not once per retry
+            self._last_problem = text
+            log.warning("fleet reader: fetch failed, retrying", durable=self._durable,
+                        error=text)
+
+    # --- introspection -----------------------------------------------------------------
+
+    def statistics(self) -> ReaderStatistics:
+        """Messages, samples, lost counts, bad samples, gaps and duplicates seen so far."""
+        return ReaderStatistics(**dataclasses.asdict(self._n), sources=len(self._sources))
+
+

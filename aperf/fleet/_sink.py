@@ -1,0 +1,503 @@
+"""The sink: forward a perf stream into JetStream, without blocking the kernel side
+more than a bounded window allows and without losing anything silently.
+
+Flow control is a window of published-but-unacknowledged messages. When it is
+full (JetStream slow), or the connection is down, ``JetStreamSink.send()``
+waits, so ``JetStreamSink.forward()`` stops taking from the stream: aperf's
+bounded queue fills, the stream stops reading the rings, the kernel counts what
+it drops, and those ``Lost`` notices are forwarded, in order, once the window
+opens again. Memory is bounded by the window whatever the outage; nothing is
+buffered beyond it.
+
+Every message carries a ``Nats-Msg-Id`` (host, stream, epoch, first sequence
+number), so a retry of a message JetStream did store is de-duplicated. A message
+is retried when its acknowledgement has not come within ``ack_timeout`` (doubling
+up to 8x), when JetStream answers with a temporary error, and, all of them in
+order, after every reconnection. A message is given up only when JetStream
+rejects it for good or the sink is closed before it was acknowledged; either is
+counted in ``statistics().dropped`` with its reason, and readers see it as a Gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import types
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from .._log import log
+from ._args import check_int, check_name, check_seconds
+from ._connect import (
+    DEFAULT_JETSTREAM,
+    DEFAULT_PREFIX,
+    Servers,
+    check_stream,
+    connect,
+    server_list,
+)
+from ._errors import FleetClosedError, FleetConfigError
+from ._events import SinkStatistics
+from ._wire import BAD, MIN_MESSAGE_BYTES, Framer, Outgoing, subject_token
+
+DEFAULT_BATCH = 256
+DEFAULT_WINDOW = 32
+DEFAULT_MESSAGE_BYTES = 1 << 20
+MAX_BACKOFF = 8  # the ack timeout doubles per retry of one message, up to this factor
+
+
+@dataclass
+class _Counts:
+    published: int = 0
+    acknowledged: int = 0
+    retried: int = 0
+    duplicates: int = 0
+    samples_published: int = 0
+    samples_acknowledged: int = 0
+    lost_forwarded: int = 0
+    bad_forwarded: int = 0
+
+
+class BatchSource(Protocol):
+    """What ``JetStreamSink.forward()`` reads: a [`PerfStream`][aperf.PerfStream], or alike."""
+
+    def batches(self, max_items: int = ...) -> AsyncIterator[list[Any]]: ...
+
+
+class _Pending:
+    """A published message waiting for JetStream's acknowledgement."""
+
+    __slots__ = ("attempts", "connection", "deadline", "out")
+
+    def __init__(self, out: Outgoing) -> None:
+        self.out = out
+        self.attempts = 0
+        self.deadline = 0.0
+        self.connection = 0  # the connection it was last published on
+
+
+class JetStreamSink:
+    """Forward aperf events to JetStream subject ``<subject_prefix>.<host>.<name>``.
+
+    <!-- not run: a fragment, against a server at nats://nats:4222 (tests/test_fleet.py) -->
+    ```python
+    async with JetStreamSink("nats://nats:4222", name="exec") as sink:
+        async with aperf.PerfStream(m) as stream:   # decoder=None: raw bytes travel
+            await sink.forward(stream)              # until the stream closes
+    ```
+
+    ``batch`` is the most samples per message, ``window`` the most messages
+    published and not yet acknowledged, ``max_message_bytes`` the most bytes per
+    message (capped by the server's max_payload). ``servers`` is a NATS URL (it
+    may hold ``user:password@``) or a list of them; ``connect_options`` go to
+    ``nats.connect`` (e.g. ``user_credentials``, ``tls``).
+    """
+
+    def __init__(
+        self,
+        servers: Servers,
+        *,
+        host: str | None = None,
+        name: str = "perf",
+        jetstream: str = DEFAULT_JETSTREAM,
+        subject_prefix: str = DEFAULT_PREFIX,
+        batch: int = DEFAULT_BATCH,
+        window: int = DEFAULT_WINDOW,
+        max_message_bytes: int = DEFAULT_MESSAGE_BYTES,
+        ack_timeout: float = 2.0,
+        connect_timeout: float = 5.0,
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._servers = server_list(servers)
+        self._host = host if host is not None else socket.gethostname()
+        check_name("host", self._host)
+        check_name("name", name)
+        check_name("jetstream", jetstream)
+        check_name("subject_prefix", subject_prefix)
+        self._name = name
+        self._jetstream = jetstream
+        self._batch = check_int("batch", batch, 1, 65535)
+        self._window = check_int("window", window, 1, 1 << 16)
+        # At least one 64 KiB sample (the most a perf record holds) and its header.
+        self._max_bytes = check_int(
+            "max_message_bytes", max_message_bytes, MIN_MESSAGE_BYTES, 64 << 20
+        )
+        self._ack_timeout = check_seconds("ack_timeout", ack_timeout)
+        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
+        self._connect_options = dict(connect_options or {})
+        token = f"{subject_token(self._host)}.{subject_token(name)}"
+        self._subject = f"{subject_prefix}.{token}"
+        self._epoch = int.from_bytes(os.urandom(8), "little")
+        self._id_prefix = f"{token}.{self._epoch:016x}."
+        self._framer: Framer | None = None
+        self._nc: Client | None = None
+        self._inbox = ""
+        self._supervisor: asyncio.Task[None] | None = None
+        self._inflight: dict[int, _Pending] = {}  # by first sequence number, in order
+        # First sequence numbers of every message framed and neither acknowledged nor
+        # given up, in order: its first key is the watermark the next message carries.
+        self._unsettled: dict[int, None] = {}
+        self._inflight_bytes = 0
+        self._changed = asyncio.Event()  # an ack, a drop, a (re)connection, a failure
+        self._wake = asyncio.Event()  # the supervisor has something to look at
+        self._connected = False
+        self._connection = 0  # counts reconnections; a message published on an earlier
+        # connection than the current one is published again (what was on the old
+        # socket may be gone), in order
+        self._failure: BaseException | None = None
+        self._closing = False
+        self._closed = False
+        self._closed_event = asyncio.Event()
+        self._n = _Counts()
+        self._dropped: Counter[str] = Counter()
+
+    # --- opening and closing -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, check that the JetStream stream takes this sink's subject, start."""
+        if self._closed:
+            raise FleetClosedError("this JetStreamSink was closed; make a new one")
+        if self._nc is not None:
+            return
+        nc = await connect(
+            self._servers,
+            timeout=self._connect_timeout,
+            name=f"aperf-sink {self._host}/{self._name}",
+            on_error=self._on_error,
+            disconnected=self._on_disconnected,
+            reconnected=self._on_reconnected,
+            options=self._connect_options,
+        )
+        try:
+            info = await check_stream(nc.jetstream(), self._jetstream, self._subject)
+            if nc.max_payload < MIN_MESSAGE_BYTES:
+                raise FleetConfigError(
+                    "servers", f"the server's max_payload ({nc.max_payload} bytes) is below "
+                    f"the {MIN_MESSAGE_BYTES} bytes a 64 KiB sample needs"
+                )
+            # Messages as large as the stream takes (headers and subject count toward
+            # its max_msg_size; 512 bytes is room for ours). A sample too large even
+            # alone is still sent, refused, and counted as dropped.
+            limit = info.config.max_msg_size or -1
+            max_bytes = min(self._max_bytes, nc.max_payload)
+            if limit > 0:
+                max_bytes = min(max_bytes, max(limit - 512, 1024))
+            self._inbox = nc.new_inbox() + "."
+            await nc.subscribe(self._inbox + "*", cb=self._on_ack)
+        except BaseException:
+            await nc.close()
+            raise
+        self._framer = Framer(
+            self._host, self._name, self._epoch, max_events=self._batch, max_bytes=max_bytes
+        )
+        self._nc = nc
+        self._connected = True
+        self._supervisor = asyncio.ensure_future(self._supervise())
+        log.info(
+            "fleet sink opened", subject=self._subject, jetstream=self._jetstream,
+            epoch=f"{self._epoch:016x}", window=self._window, batch=self._batch,
+        )
+
+    async def __aenter__(self) -> JetStreamSink:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` seconds for the acknowledgements still due, give up the
+        rest (counted as dropped), publish the end-of-stream message, disconnect.
+
+        Callable from another task: a ``send()`` waiting for room raises
+        [`FleetClosedError`][aperf.fleet.FleetClosedError] at once.
+        """
+        if self._closing:  # closed, or being closed by another task: wait for it
+            await self._closed_event.wait()
+            return
+        self._closing = True  # no new messages: send() raises from now on
+        self._changed.set()
+        nc = self._nc
+        try:
+            if nc is not None and self._failure is None:
+                with contextlib.suppress(asyncio.TimeoutError, FleetClosedError):
+                    await asyncio.wait_for(self.flush(), timeout)
+            for pending in list(self._inflight.values()):
+                self._drop(pending, "unacknowledged when the sink closed")
+            if nc is not None and self._framer is not None and nc.is_connected:
+                await self._publish_end(nc, self._framer, timeout)
+        finally:
+            self._closed = True
+            self._closed_event.set()
+            self._changed.set()
+            if self._supervisor is not None:
+                self._supervisor.cancel()
+                await asyncio.gather(self._supervisor, return_exceptions=True)
+            if nc is not None:
+                await nc.close()
+        log.info("fleet sink closed", subject=self._subject, **_summary(self.statistics()))
+
+    async def _publish_end(self, nc: Client, framer: Framer, timeout: float) -> None:
+        msg_id = f"{self._id_prefix}end"
+        try:
+            await nc.request(
+                self._subject, framer.end(), timeout=min(timeout, self._ack_timeout),
+                headers={"Nats-Msg-Id": msg_id},
+            )
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            # Readers then lack only the final watermark: holes at the very end of
+            # this stream stay open instead of being reported as Gaps.
+            log.warning("fleet sink: end-of-stream message not stored", error=str(exc))
+
+    # --- forwarding ----------------------------------------------------------------------
+
+    async def forward(self, stream: BatchSource) -> None:
+        """Forward every event of an open [`aperf.PerfStream`][aperf.PerfStream] until it closes.
+
+        Open the stream with ``decoder=None``: the raw bytes are what travels, and a
+        reader decodes them. Backpressure reaches the stream: this stops taking from
+        it while the window is full or the server is away.
+        """
+        async for batch in stream.batches(self._batch):
+            await self.send(batch)
+
+    async def send(self, events: Sequence[Any]) -> None:
+        """Frame ``events`` (Sample, Lost, BadSample, in stream order) and publish them,
+        waiting while the window is full or the connection is down."""
+        framer = self._require_open()
+        outs = framer.frame(events, self._watermark(framer))
+        for out in outs:
+            self._unsettled[out.first] = None
+        sent = 0
+        try:
+            for out in outs:
+                await self._room()
+                pending = _Pending(out)
+                self._inflight[out.first] = pending
+                self._inflight_bytes += len(out.payload)
+                self._n.published += 1
+                self._n.samples_published += out.samples
+                if len(self._inflight) == 1:
+                    self._wake.set()  # the supervisor sleeps without a deadline when idle
+                sent += 1
+                await self._publish(pending)
+        finally:
+            # Framed, numbered, never published (send was cancelled or the sink failed):
+            # counted, and readers will see a Gap for them.
+            for out in outs[sent:]:
+                self._dropped["not published: send() was interrupted"] += out.samples + out.lost
+                del self._unsettled[out.first]
+
+    async def flush(self) -> None:
+        """Wait until every published message is acknowledged (or given up)."""
+        while True:
+            self._changed.clear()
+            self._raise_failure()
+            if not self._inflight:
+                return
+            if self._closed:
+                raise FleetClosedError("the sink was closed with messages unacknowledged")
+            await self._changed.wait()
+
+    def _require_open(self) -> Framer:
+        self._raise_failure()
+        if self._closing:
+            raise FleetClosedError("this JetStreamSink is closed")
+        if self._framer is None:
+            raise FleetClosedError("open the JetStreamSink first (async with, or await open())")
+        return self._framer
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _watermark(self, framer: Framer) -> int:
+        """Every event below this is acknowledged or given up: the first event of the
+        first message framed and not settled (in flight, or waiting for room)."""
+        return next(iter(self._unsettled), framer.next_seq)
+
+    async def _room(self) -> None:
+        while True:
+            self._changed.clear()
+            self._raise_failure()
+            if self._closing:
+                raise FleetClosedError("the sink was closed")
+            if self._connected and len(self._inflight) < self._window:
+                return
+            await self._changed.wait()
+
+    async def _publish(self, pending: _Pending) -> None:
+        nc = self._nc
+        assert nc is not None
+        pending.attempts += 1
+        loop = asyncio.get_running_loop()
+        backoff = min(1 << (pending.attempts - 1), MAX_BACKOFF)
+        pending.deadline = loop.time() + self._ack_timeout * backoff
+        pending.connection = self._connection
+        out = pending.out
+        try:
+            await nc.publish(
+                self._subject, out.payload, reply=f"{self._inbox}{out.first}",
+                headers={"Nats-Msg-Id": f"{self._id_prefix}{out.first}"},
+            )
+        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+            pass  # down: all of the window is published again once reconnected
+        except nats.errors.ConnectionClosedError:
+            self._fail(FleetClosedError("the NATS connection was closed"))
+
+    # --- acknowledgements, retries, reconnections ------------------------------------------
+
+    async def _on_ack(self, msg: Msg) -> None:
+        # A nats-py callback: an exception here would only reach error_cb, so any
+        # failure is kept and raised by the next send() or flush() instead.
+        try:
+            self._handle_ack(msg)
+        except Exception as exc:  # pragma: no cover - a bug; surfaced, never dropped
+            self._fail(exc)
+
+    def _handle_ack(self, msg: Msg) -> None:
+        try:
+            first = int(msg.subject[len(self._inbox) :])
+        except ValueError:
+            return
+        pending = self._inflight.get(first)
+        if pending is None:
+            return  # the ack of an earlier attempt of a message settled since
+        if msg.headers and msg.headers.get("Status") == "503":
+            self._retry_soon(pending)  # no responders: JetStream not (yet) listening
+            return
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            self._retry_soon(pending)
+            return
+        error = reply.get("error") if isinstance(reply, dict) else None
+        if error:
+            code = error.get("code", 0) if isinstance(error, dict) else 0
+            if code >= 500 or code == 408:  # stream full with discard new, store busy ...
+                self._retry_soon(pending)
+            else:
+                why = error.get("description", error) if isinstance(error, dict) else error
+                self._drop(pending, f"rejected by JetStream: {why}")
+            return
+        self._settle(pending)
+        self._n.acknowledged += 1
+        self._n.samples_acknowledged += pending.out.samples
+        self._n.lost_forwarded += pending.out.lost
+        if pending.out.kind == BAD:
+            self._n.bad_forwarded += 1
+        if isinstance(reply, dict) and reply.get("duplicate"):
+            self._n.duplicates += 1
+
+    def _settle(self, pending: _Pending) -> None:
+        del self._inflight[pending.out.first]
+        del self._unsettled[pending.out.first]
+        self._inflight_bytes -= len(pending.out.payload)
+        self._changed.set()
+
+    def _drop(self, pending: _Pending, reason: str) -> None:
+        self._settle(pending)
+        self._dropped[reason] += pending.out.samples + pending.out.lost
+
+    def _retry_soon(self, pending: _Pending) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = min(1 << (pending.attempts - 1), MAX_BACKOFF)
+        pending.deadline = min(pending.deadline, loop.time() + 0.1 * backoff)
+        self._wake.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._changed.set()
+
+    def _on_error(self, exc: Exception) -> None:
+        log.debug("fleet sink: NATS error", subject=self._subject, error=str(exc))
+
+    async def _on_disconnected(self) -> None:
+        if self._connected:
+            log.info("fleet sink: disconnected from NATS", subject=self._subject)
+        self._connected = False
+        self._changed.set()
+
+    async def _on_reconnected(self) -> None:
+        log.info("fleet sink: reconnected to NATS", subject=self._subject)
+        self._connected = True
+        self._connection += 1
+        self._wake.set()
+        self._changed.set()
+
+    async def _supervise(self) -> None:
+        """Re-publish messages whose acknowledgement is overdue, and all after a reconnect."""
+        try:
+            await self._resend_forever()
+        except Exception as exc:  # pragma: no cover - a bug; surfaced by send(), not lost
+            self._fail(exc)
+
+    async def _resend_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            if self._connected and self._inflight:
+                now = loop.time()
+                for pending in list(self._inflight.values()):
+                    if not self._connected:
+                        break
+                    if (
+                        pending.connection < self._connection or pending.deadline <= now
+                    ) and pending.out.first in self._inflight:
+                        self._n.retried += 1
+                        await self._publish(pending)
+            timeout = None
+            if self._connected and self._inflight:
+                earliest = min(p.deadline for p in self._inflight.values())
+                timeout = max(0.0, earliest - loop.time())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    # --- introspection -----------------------------------------------------------------
+
+    def statistics(self) -> SinkStatistics:
+        """Messages published, acknowledged, retried; samples; drops with their reasons."""
+        nc = self._nc
+        return SinkStatistics(
+            **dataclasses.asdict(self._n),
+            dropped=types.MappingProxyType(dict(self._dropped)),
+            in_flight=len(self._inflight),
+            in_flight_bytes=self._inflight_bytes,
+            connected=self._connected and not self._closed,
+            reconnects=nc.stats["reconnects"] if nc is not None else 0,
+        )
+
+    @property
+    def subject(self) -> str:
+        """The NATS subject the sink publishes to: ``<subject_prefix>.<host>.<name>``."""
+        return self._subject
+
+    @property
+    def host(self) -> str:
+        """The host name the messages carry (``host=``, else the machine's name)."""
+        return self._host
+
+    @property
+    def epoch(self) -> int:
+        """Random per sink: with the host and stream name, it tells this run's messages apart."""
+        return self._epoch
+
+
+def _summary(stats: SinkStatistics) -> dict[str, Any]:
+    return {
+        "published": stats.published,
+        "acknowledged": stats.acknowledged,
+        "retried": stats.retried,
+        "dropped": dict(stats.dropped),
+    }

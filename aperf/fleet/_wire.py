@@ -1,0 +1,270 @@
+"""The aperf.fleet wire format: one NATS message = a header, then one kind of body.
+
+Sans-I/O: this module frames events into payloads and parses payloads back; it
+knows nothing of NATS. All integers are little-endian.
+
+Header (56 bytes, then the host and stream names)::
+
+    0  4s  magic b"APF1" (format version 1)
+    4  B   kind: 1 samples, 2 lost notice, 3 bad sample, 4 end of stream
+    5  B   H, length of the host name (UTF-8, 1..255 bytes)
+    6  B   S, length of the stream name (UTF-8, 1..255 bytes)
+    7  x   reserved, 0
+    8  Q   epoch: random, new for every sink, so sequence numbers never collide
+    16 Q   first: sequence number of this message's first event (events count from 0)
+    24 Q   watermark: every event before it was acknowledged by JetStream (or
+           given up by the sink) when this message was framed
+    32 Q   samples_before: data samples in the events before ``first``
+    40 Q   lost_before: sum of the Lost counts in the events before ``first``
+    48 I   count: events in this message
+    52 I   runs: CPU runs in a samples body (0 otherwise)
+    56     host name (H bytes), stream name (S bytes)
+
+Bodies:
+
+- samples: ``runs`` x (u32 cpu, u32 samples), consecutive samples of one CPU;
+  then ``count`` x u16 sample lengths; then the sample bytes, concatenated. The
+  bytes are the ring's raw bytes, so a reader decodes them with the same decoder
+  as a local ``aperf.PerfStream`` would.
+- lost notice (count 1): u32 cpu, u64 lost count.
+- bad sample (count 1): u32 cpu, u16 data length, the data, then the decoder's
+  reason as UTF-8 to the end.
+- end of stream (count 0): ``first`` is the number of events the sink framed,
+  ``samples_before``/``lost_before`` its totals, and ``watermark == first``.
+
+The two cumulative counters let a reader say exactly how many samples and lost
+counts a hole in the sequence numbers held (see ``_gaps.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+import struct
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .._errors import DecodeError
+from .._events import BadSample, Lost, Sample
+from ._args import MAX_NAME_BYTES, check_name
+from ._errors import FrameError
+
+MAGIC = b"APF1"
+SAMPLES, LOST, BAD, END = 1, 2, 3, 4
+HEADER = struct.Struct("<4sBBBxQQQQQII")
+_RUN = struct.Struct("<II")
+_LOST = struct.Struct("<IQ")
+_BAD = struct.Struct("<IH")
+MAX_SAMPLE_BYTES = 0xFFFF  # a perf record's size is a u16, so a raw sample always fits
+# Framing overhead bound per message beyond the sample bytes: header, names, one run
+# and one length per sample are accounted for as samples are added.
+_FIXED = HEADER.size + 2 * MAX_NAME_BYTES
+MIN_MESSAGE_BYTES = _FIXED + _RUN.size + 2 + MAX_SAMPLE_BYTES
+_CPU = operator.itemgetter(0)  # Sample.cpu
+_DATA = operator.itemgetter(1)  # Sample.data
+
+
+class Outgoing(NamedTuple):
+    """One framed message of ``kind``: events ``first .. first+count-1`` holding
+    ``samples`` data samples and Lost notices totalling ``lost``."""
+
+    kind: int
+    first: int
+    count: int  # type: ignore[assignment]
+    samples: int
+    lost: int
+    payload: bytes
+
+
+class Frame(NamedTuple):
+    """A parsed message. Samples bodies fill ``cpus`` and ``datas``; lost and bad
+    bodies fill ``events``; an end of stream fills neither."""
+
+    kind: int
+    host: str
+    stream: str
+    epoch: int
+    first: int
+    watermark: int
+    samples_before: int
+    lost_before: int
+    count: int  # type: ignore[assignment]
+    cpus: list[int]
+    datas: list[bytes]
+    events: list[Any]
+
+    @property
+    def samples(self) -> int:
+        return len(self.datas)
+
+    @property
+    def lost(self) -> int:
+        return sum(e.count for e in self.events if e.__class__ is Lost)
+
+
+class Framer:
+    """Numbers the events of one sink and frames them into messages.
+
+    Samples go in runs of up to ``max_events`` per message and ``max_bytes`` per
+    payload (a single sample larger than that goes alone); every Lost notice and
+    BadSample gets a message of its own, so that the order of the stream is kept
+    across messages.
+    """
+
+    def __init__(
+        self, host: str, stream: str, epoch: int, *, max_events: int, max_bytes: int
+    ) -> None:
+        self._host = check_name("host", host)
+        self._stream = check_name("name", stream)
+        self._names = self._host + self._stream
+        self.epoch = epoch
+        self._max_events = max_events
+        self._max_bytes = max_bytes
+        self.next_seq = 0
+        self.samples_total = 0
+        self.lost_total = 0
+
+    def _header(self, kind: int, first: int, count: int, runs: int, watermark: int) -> bytes:
+        return HEADER.pack(
+            MAGIC, kind, len(self._host), len(self._stream), self.epoch, first, watermark,
+            self.samples_total, self.lost_total, count, runs,
+        ) + self._names
+
+    def frame(self, events: Sequence[Any], watermark: int) -> list[Outgoing]:
+        """Frame ``events`` (Sample, Lost, BadSample) in order; numbers them as it goes."""
+        out: list[Outgoing] = []
+        i, n = 0, len(events)
+        while i < n:
+            event = events[i]
+            cls = event.__class__
+            if cls is Sample or isinstance(event, Sample):
+                i = self._frame_samples(events, i, watermark, out)
+                continue
+            if isinstance(event, Lost):
+                body = _LOST.pack(event.cpu, event.count)
+                out.append(self._single(LOST, body, watermark, 0, event.count))
+            elif isinstance(event, BadSample):
+                data = event.data[:MAX_SAMPLE_BYTES]
+                reason = getattr(event.error, "reason", str(event.error)).encode("utf-8", "replace")
+                body = _BAD.pack(event.cpu, len(data)) + data + reason[:4096]
+                out.append(self._single(BAD, body, watermark, 0, 0))
+            else:
+                raise TypeError(
+                    "events must be aperf.Sample, aperf.Lost or aperf.BadSample, "
+                    f"not {type(event).__name__}"
+                )
+            i += 1
+        return out
+
+    def _single(self, kind: int, body: bytes, watermark: int, samples: int, lost: int) -> Outgoing:
+        first = self.next_seq
+        payload = self._header(kind, first, 1, 0, watermark) + body
+        self.next_seq += 1
+        self.lost_total += lost
+        return Outgoing(kind, first, 1, samples, lost, payload)
+
+    def _frame_samples(
+        self, events: Sequence[Any], start: int, watermark: int, out: list[Outgoing]
+    ) -> int:
+        """Frame the run of samples at ``start``; returns the index after what it took.
+
+        Per-sample work runs in C (map, itemgetter, groupby): this is the sink's hot path.
+        """
+        chunk = events[start : start + self._max_events]
+        if list(map(type, chunk)).count(Sample) != len(chunk):  # a Lost or BadSample ends it
+            end = next((k for k, e in enumerate(chunk) if not isinstance(e, Sample)), len(chunk))
+            chunk = chunk[:end]
+        datas = list(map(_DATA, chunk))
+        lengths = list(map(len, datas))
+        cpus = list(map(_CPU, chunk))
+        runs = _runs(cpus)
+        budget = self._max_bytes - _FIXED
+        if sum(lengths) + 2 * len(lengths) + 4 * len(runs) > budget:
+            # Cut where the bytes run out (counting every run, an upper bound).
+            ends = list(itertools.accumulate(map(operator.add, lengths, itertools.repeat(2))))
+            cut = bisect.bisect_right(ends, budget - 4 * len(runs))
+            if cut == 0:  # one sample over the budget: alone, JetStream may refuse it (counted)
+                if lengths[0] > MAX_SAMPLE_BYTES:
+                    raise ValueError(
+                        f"a sample of {lengths[0]} bytes is longer than a perf record can be"
+                    )
+                cut = 1
+            datas, lengths, cpus = datas[:cut], lengths[:cut], cpus[:cut]
+            runs = _runs(cpus)
+        count = len(datas)
+        first = self.next_seq
+        header = self._header(SAMPLES, first, count, len(runs) // 2, watermark)
+        payload = b"".join((
+            header, struct.pack(f"<{len(runs)}I", *runs), struct.pack(f"<{count}H", *lengths),
+            *datas,
+        ))
+        self.next_seq += count
+        self.samples_total += count
+        out.append(Outgoing(SAMPLES, first, count, count, 0, payload))
+        return start + count
+
+    def end(self) -> bytes:
+        """The end-of-stream message: the totals, with every event accounted for."""
+        return self._header(END, self.next_seq, 0, 0, self.next_seq)
+
+
+def _runs(cpus: list[int]) -> list[int]:
+    """Consecutive samples of one CPU: [cpu, count, cpu, count, ...]."""
+    runs: list[int] = []
+    for cpu, group in itertools.groupby(cpus):
+        runs.append(cpu)
+        runs.append(len(list(group)))
+    return runs
+
+
+def parse(payload: bytes) -> Frame:
+    """Parse one message; raises ``FrameError`` if it is not a version-1 frame."""
+    if len(payload) < HEADER.size:
+        raise FrameError(f"a {len(payload)}-byte message is too short for an aperf.fleet header")
+    (magic, kind, hlen, slen, epoch, first, watermark, samples_before, lost_before, count,
+     runs) = HEADER.unpack_from(payload)
+    if magic != MAGIC:
+        raise FrameError(f"not an aperf.fleet message (magic {magic!r}, expected {MAGIC!r})")
+    off = HEADER.size
+    try:
+        host = payload[off : off + hlen].decode("utf-8")
+        stream = payload[off + hlen : off + hlen + slen].decode("utf-8")
+        off += hlen + slen
+        cpus: list[int] = []
+        datas: list[bytes] = []
+        events: list[Any] = []
+        if kind == SAMPLES:
+            pairs = struct.unpack_from(f"<{2 * runs}I", payload, off)
+            off += 8 * runs
+            lengths = struct.unpack_from(f"<{count}H", payload, off)
+            off += 2 * count
+            for cpu, k in zip(pairs[::2], pairs[1::2], strict=True):
+                cpus.extend(itertools.repeat(cpu, k))
+            for size in lengths:
+                datas.append(payload[off : off + size])
+                off += size
+            if len(cpus) != count or off != len(payload):
+                raise FrameError("samples body does not match its header")
+        elif kind == LOST:
+            cpu, lost = _LOST.unpack_from(payload, off)
+            events.append(Lost(cpu, lost))
+        elif kind == BAD:
+            cpu, size = _BAD.unpack_from(payload, off)
+            off += _BAD.size
+            data = payload[off : off + size]
+            reason = payload[off + size :].decode("utf-8", "replace")
+            events.append(BadSample(cpu, data, DecodeError(cpu, data, reason)))
+        elif kind != END:
+            raise FrameError(f"unknown message kind {kind}")
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"truncated or corrupt aperf.fleet message: {exc}") from None
+    return Frame(
+        kind, host, stream, epoch, first, watermark, samples_before, lost_before, count,
+        cpus, datas, events,
+    )
+
+
+def subject_token(name: str) -> str:
+    """``name`` as one NATS subject token: letters, digits, ``-`` and ``_`` kept, others ``_``."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in name)

@@ -1,0 +1,114 @@
+"""The exec/exit tracer as a fleet: the merged output of every host, with a HOST column.
+
+Each host runs the tracer with ``--nats URL`` (``aperf-trace --nats nats://nats:4222``,
+or ``python -m aperf trace --nats ...``); this reads the JetStream stream they publish to and
+prints one line per event, as the tracer does, plus the host it came from::
+
+    $ python -m examples.fleet_view --nats nats://nats:4222
+    HOST             TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE
+    web-1            17:26:53 EXEC  sh               24694   22237   /bin/sh
+    db-2             17:26:53 EXIT  ls               24695   24694   [2] (5ms)
+
+TIME is when this viewer handed the event out. Samples are decoded from the
+tracer object's BTF (``--object``; opened, never loaded, so no root is needed).
+Lost events and Gaps (events JetStream no longer holds) go to stderr. The
+durable consumer (``--durable``) remembers where the viewer stopped: a second
+run continues there. Create the JetStream stream once, before the tracers start:
+``python -m aperf.fleet create-stream --nats URL``. Ctrl-C or SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import aperf
+from aperf._trace.cli import FLEET_STREAM as TRACER  # the stream name tracers publish under
+from aperf._trace.cli import shipped_object, warn
+from aperf._trace.output import LineOutput
+from aperf._trace.render import HEADER, event_decoder, table_line
+from aperf.fleet import FleetConfigError, FleetReader, Gap
+
+PROG = "fleet_view"
+HOST = "%-16s "
+
+
+async def view(args: argparse.Namespace) -> int:
+    with aperf.BPFObject(args.object) as obj:
+        decoder = event_decoder(obj)  # names escaped, as the tracer shows them
+    reader = FleetReader(
+        args.nats, jetstream=args.jetstream, durable=args.durable, decoder=decoder,
+        subject=f"aperf.*.{TRACER}",
+    )
+    out = await LineOutput.open()
+    async with reader:
+        # Ctrl-C and SIGTERM cancel the loop below; leaving the ``async with`` then
+        # acknowledges what was shown and disconnects.
+        this = asyncio.current_task()
+        assert this is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, this.cancel)
+        await out.write(HOST % "HOST" + HEADER)
+        try:
+            async for host, _stream, event in reader:
+                match event:
+                    case aperf.Sample(value=value):
+                        now = datetime.datetime.now().astimezone()
+                        await out.write(HOST % host + table_line(value, now))
+                        if out.broken:
+                            break
+                    case aperf.Lost(cpu=cpu, count=count):
+                        warn(f"{host}: lost {count} events on CPU #{cpu}!")
+                    case aperf.BadSample(cpu=cpu, error=error):
+                        warn(f"{host}: bad sample on CPU #{cpu}: {error}")
+                    case Gap(samples=samples, lost=lost):
+                        warn(f"{host}: {samples} events (and {lost} lost) were removed from "
+                             "JetStream before this viewer read them")
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await out.aclose()
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m examples.{PROG}",
+        description="Print the exec/exit events of every host publishing to NATS JetStream.",
+    )
+    parser.add_argument("--nats", required=True, metavar="URL", help="the NATS server")
+    parser.add_argument(
+        "--jetstream", default="APERF", metavar="NAME", help="the JetStream stream (APERF)"
+    )
+    parser.add_argument(
+        "--durable", default=PROG, metavar="NAME",
+        help=f"the durable consumer, which remembers where it stopped (default {PROG})",
+    )
+    parser.add_argument(
+        "--object", type=Path, default=shipped_object(), metavar="PATH",
+        help="the tracer's BPF object, for its BTF (default: the one aperf ships)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return asyncio.run(view(args))
+    except FleetConfigError as exc:
+        warn(f"{PROG}: {exc}")
+    except aperf.ObjectFileError as exc:
+        warn(f"{PROG}: cannot open {exc.path}: {exc.detail}; build it with: make -C bpf")
+    except KeyboardInterrupt:
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
