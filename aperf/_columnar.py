@@ -1,0 +1,142 @@
+"""Columnar batches: NumPy structured arrays straight from the spans a reader took.
+
+A run of identical sample records (``_perf_format.Run``) becomes a strided view
+of the copied span: ``numpy.frombuffer(span, dtype, count, offset)`` with a
+dtype whose itemsize is the record size and whose fields skip the record
+header and the padding, so no Python code runs per sample. Samples parsed one
+by one (mixed sizes, a struct with a flexible array member) are joined and
+gathered in one NumPy operation. Imported only when a consumer asks for arrays:
+``import aperf`` never imports NumPy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+
+from ._decode import SizedDecoder
+from ._events import Sample, SampleArray, Tails
+from ._layout import byte_order, dtype_spec
+from ._perf_format import PerfRecords, Run, Segment, uniform_run_end
+
+_FIRST_WINDOW = 64  # records compared before the rest of a span: keeps mixed spans linear
+
+
+def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+    """Where the run of records identical to the one at ``pos`` ends (``_perf_format``'s
+    contract: ``pos`` if fewer than two are in line); the 12 header bytes of every record
+    compared at C speed. Any difference ends the run, exactly there."""
+    count = (end - pos) // size
+    if count < 2:
+        return pos
+    if size < 12:
+        return uniform_run_end(span, pos, size, end)
+    header = _header(size)
+    first = np.frombuffer(span, header, 1, pos)[0]
+    head, raw = first["head"], first["raw"]
+    done = 0
+    window = _FIRST_WINDOW
+    while done < count:
+        n = min(count - done, window)
+        rows = np.frombuffer(span, header, n, pos + done * size)
+        same = (rows["head"] == head) & (rows["raw"] == raw)
+        if not same.all():
+            done += int(same.argmin())
+            break
+        done += n
+        window = count  # the first window matched: the rest in one go
+    return pos + done * size if done >= 2 else pos
+
+
+@functools.lru_cache(maxsize=64)
+def _header(size: int) -> np.dtype[Any]:
+    """A record's 12 header bytes (type, misc, size; raw size) in records of ``size`` bytes."""
+    return np.dtype({"names": ["head", "raw"], "formats": ["<u8", "<u4"], "offsets": [0, 8],
+                     "itemsize": size})
+
+
+class Columns:
+    """Makes :class:`aperf.SampleArray` items for one decoder."""
+
+    def __init__(self, decoder: object) -> None:
+        if not isinstance(decoder, SizedDecoder) or decoder.layout is None:
+            raise TypeError(
+                "columnar batches need a decoder with a layout: a BTF struct name, "
+                "aperf.decoders.from_btf(...), a ctypes.Structure or a struct.Struct "
+                f"(not {decoder!r})"
+            )
+        self.decoder = decoder
+        self.size = decoder.size
+        self.has_tail = decoder.tail is not None
+        self._spec = dtype_spec(decoder.layout, byte_order(decoder.struct.format),
+                                size=decoder.size)
+        self.dtype: np.dtype[Any] = np.dtype(cast(Any, self._spec))
+        self._strided: dict[tuple[int, int], np.dtype[Any]] = {}
+
+    @staticmethod
+    def split_for(records: Any) -> Callable[[int, bytes], tuple[list[Segment], int]]:
+        """The format's split, with runs found by NumPy where the format is perf's."""
+        split: Callable[[int, bytes], tuple[list[Segment], int]] = records.split
+        if isinstance(records, PerfRecords):
+            return functools.partial(records.split, run_end=numpy_run_end)
+        return split
+
+    def strided_dtype(self, stride: int, skip: int) -> np.dtype[Any]:
+        """The decoder's fields ``skip`` bytes into records of ``stride`` bytes."""
+        key = (stride, skip)
+        dtype = self._strided.get(key)
+        if dtype is None:
+            spec = self._spec
+            dtype = self._strided[key] = np.dtype({
+                "names": spec["names"], "formats": spec["formats"],
+                "offsets": [offset + skip for offset in spec["offsets"]], "itemsize": stride,
+            })
+        return dtype
+
+    def from_run(self, key: int, run: Run, first: int, stop: int) -> SampleArray:
+        """Records ``first`` to ``stop`` of a run (each long enough), viewed in place."""
+        count = stop - first
+        at = run.start + first * run.stride
+        values = np.frombuffer(run.span, self.strided_dtype(run.stride, run.skip), count, at)
+        tails = None
+        if self.has_tail:
+            starts = at + run.skip + self.size + np.arange(count, dtype=np.int64) * run.stride
+            tails = Tails(run.span, starts, starts + (run.size - self.size))
+        return SampleArray(key, values, tails, Run(run.span, at, count, run.stride, run.skip,
+                                                   run.size))
+
+    def from_payloads(self, key: int, payloads: list[bytes]) -> SampleArray:
+        """Samples parsed one by one (each long enough): joined, then gathered at C speed."""
+        count = len(payloads)
+        lengths = np.fromiter(map(len, payloads), np.int64, count)
+        blob = b"".join(payloads)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        if count and lengths.min() == lengths.max():
+            values = np.frombuffer(blob, self.strided_dtype(int(lengths[0]), 0), count, 0)
+        else:
+            index = starts[:, None] + np.arange(self.size, dtype=np.int64)
+            values = np.frombuffer(blob, np.uint8)[index].view(self.dtype)[:, 0]
+            values.flags.writeable = False  # like the views: read-only
+        tails = Tails(blob, starts + self.size, ends) if self.has_tail else None
+        return SampleArray(key, values, tails, payloads)
+
+    def too_short(self, payloads: list[bytes]) -> list[int]:
+        """Indexes of the payloads shorter than the decoder's fixed part."""
+        lengths = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        return [int(i) for i in np.flatnonzero(lengths < self.size)]
+
+    def from_samples(self, samples: list[Sample[Any]]) -> list[SampleArray]:
+        """Built samples (put back by a per-item consumer) as arrays, one per CPU run."""
+        out: list[SampleArray] = []
+        start = 0
+        for index in range(1, len(samples) + 1):
+            if index == len(samples) or samples[index].cpu != samples[start].cpu:
+                out.append(self.from_payloads(
+                    samples[start].cpu, [s.data for s in samples[start:index]]
+                ))
+                start = index
+        return out
