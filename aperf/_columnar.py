@@ -11,7 +11,6 @@ gathered in one NumPy operation. Imported only when a consumer asks for arrays:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -20,42 +19,48 @@ import numpy as np
 from ._decode import SizedDecoder
 from ._events import Sample, SampleArray, Tails
 from ._layout import byte_order, dtype_spec
-from ._perf_format import PerfRecords, Run, Segment, uniform_run_end
+from ._perf_format import PerfRecords, Run, Segment, split_span, uniform_run_end
 
-_FIRST_WINDOW = 64  # records compared before the rest of a span: keeps mixed spans linear
+_CHECKS_PER_SPAN = 8  # NumPy checks of a span; then the pure parser (see _RunFinder)
+_U8, _U4 = np.dtype("<u8"), np.dtype("<u4")
+
+
+class _RunFinder:
+    """``_perf_format.split_span``'s ``run_end`` for one span, at C speed: where the run
+    of records identical to the one at ``pos`` ends (``pos`` if fewer than two are in
+    line). The 12 header bytes of every record after it are compared at once (an 8-byte
+    and a 4-byte column), and any difference ends the run, exactly there.
+
+    Each check costs the rest of the span, so a span cut into many runs (an overloaded
+    ring: lost record, sample, lost record...) would cost its length squared: after a
+    few checks the rest of the span goes to the pure parser.
+    """
+
+    __slots__ = ("checks",)
+
+    def __init__(self) -> None:
+        self.checks = _CHECKS_PER_SPAN
+
+    def __call__(self, span: bytes, pos: int, size: int, end: int) -> int:
+        count = (end - pos) // size
+        if count < 2:
+            return pos
+        if size % 8 or self.checks <= 0:  # perf records are 8-aligned; others: pure
+            return uniform_run_end(span, pos, size, end)
+        self.checks -= 1
+        step = size // 8
+        heads = np.frombuffer(span, _U8, count * step, pos)[::step]  # type, misc, size
+        raws = np.frombuffer(span, _U4, count * step * 2, pos)[2 :: step * 2]  # raw size
+        differ = (heads != heads[0]) | (raws != raws[0])
+        if not differ.any():
+            return pos + count * size
+        same = int(differ.argmax())
+        return pos + same * size if same >= 2 else pos
 
 
 def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
-    """Where the run of records identical to the one at ``pos`` ends (``_perf_format``'s
-    contract: ``pos`` if fewer than two are in line); the 12 header bytes of every record
-    compared at C speed. Any difference ends the run, exactly there."""
-    count = (end - pos) // size
-    if count < 2:
-        return pos
-    if size < 12:
-        return uniform_run_end(span, pos, size, end)
-    header = _header(size)
-    first = np.frombuffer(span, header, 1, pos)[0]
-    head, raw = first["head"], first["raw"]
-    done = 0
-    window = _FIRST_WINDOW
-    while done < count:
-        n = min(count - done, window)
-        rows = np.frombuffer(span, header, n, pos + done * size)
-        same = (rows["head"] == head) & (rows["raw"] == raw)
-        if not same.all():
-            done += int(same.argmin())
-            break
-        done += n
-        window = count  # the first window matched: the rest in one go
-    return pos + done * size if done >= 2 else pos
-
-
-@functools.lru_cache(maxsize=64)
-def _header(size: int) -> np.dtype[Any]:
-    """A record's 12 header bytes (type, misc, size; raw size) in records of ``size`` bytes."""
-    return np.dtype({"names": ["head", "raw"], "formats": ["<u8", "<u4"], "offsets": [0, 8],
-                     "itemsize": size})
+    """One check with :class:`_RunFinder` (for tests)."""
+    return _RunFinder()(span, pos, size, end)
 
 
 class Columns:
@@ -81,7 +86,7 @@ class Columns:
         """The format's split, with runs found by NumPy where the format is perf's."""
         split: Callable[[int, bytes], tuple[list[Segment], int]] = records.split
         if isinstance(records, PerfRecords):
-            return functools.partial(records.split, run_end=numpy_run_end)
+            return lambda key, span: split_span(key, span, _RunFinder())
         return split
 
     def strided_dtype(self, stride: int, skip: int) -> np.dtype[Any]:

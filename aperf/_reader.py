@@ -58,6 +58,7 @@ Clock = Callable[[], float]
 _SAMPLES, _LOST, _BYTES, _WAKEUPS, _DECODE_ERRORS, _OTHER = range(6)
 _tuple_new = tuple.__new__
 _repeat = itertools.repeat
+_starmap = itertools.starmap
 _NONES = itertools.repeat(None)
 
 
@@ -494,8 +495,10 @@ class Reader:
                 at = run.start + start * run.stride
                 view = memoryview(run.span)[at : at + (stop - start) * run.stride]
                 values = decoder.decode_rows(fields.iter_unpack(view))
+            # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
+            # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
             rows = zip(_repeat(key), payloads, values, strict=False)
-            out.extend(map(_tuple_new, _repeat(Sample), rows))
+            out.extend(_starmap(_tuple_new, zip(_repeat(Sample), rows, strict=False)))
             return
         self._build(key, payloads, True, out)
 

@@ -34,7 +34,9 @@ class Scenario:
             key = f"aperf.{c['mode']}{c.get('max_items') or ''}.{c.get('decoder') or 'raw'}"
             if c.get("wakeup"):
                 key += f".{c['wakeup']}"
-            return key + f"@{c.get('loop', 'asyncio')}" if c["mode"] != "sync" else key
+            if c["mode"].startswith("sync"):
+                return key
+            return key + f"@{c.get('loop', 'asyncio')}"
         if c["impl"] == "libbpf":
             return f"libbpf.{'per-sample' if c['wakeup'] == 'default' else 'watermark'}"
         if c["impl"] == "bcc":
@@ -57,6 +59,9 @@ MODE_LABELS = {
     "on_batch": "callback on_batch",
     "sync": "sync PerfBuffer.poll",
     "slow": "slow async for",
+    "arrays": "columnar arrays()",
+    "on_array": "columnar callback on_array",
+    "sync_array": "columnar sync PerfBuffer(on_array=).poll",
 }
 
 
@@ -66,12 +71,13 @@ WAKEUP_LABELS = {"strict": "default with idle_latency=1 ms (Wakeup.balanced(idle
 def consumer_label(c: dict[str, Any]) -> str:
     impl = c["impl"]
     if impl == "aperf":
-        decoder = {None: "raw", "btf": "BTF", "struct": "struct"}[c.get("decoder")]
+        decoder = {None: "raw", "btf": "BTF", "struct": "struct", "ctypes": "ctypes"}[
+            c.get("decoder")]
         mode = MODE_LABELS[c["mode"]]
         if c.get("max_items"):
             mode = mode.replace("()", f"(max_items={c['max_items']})")
         text = f"aperf {mode}, {decoder}"
-        if c["mode"] != "sync":
+        if not c["mode"].startswith("sync"):
             text += f", {c.get('loop', 'asyncio')}"
         wakeup = c.get("wakeup") or "default"
         return text + f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
@@ -114,6 +120,13 @@ def bcc(mode: str, wakeup: int = 1) -> dict[str, Any]:
             "drain_ms": DRAIN_MS}
 
 
+# Issue 11: columnar consumers (NumPy arrays) and the compiled ctypes decoder, on every
+# producer its targets name, next to the per-item decoded consumers.
+COLUMNAR = [aperf("arrays", "btf"), aperf("arrays", "btf", loop="uvloop"),
+            aperf("on_array", "btf"), aperf("sync_array", "btf")]
+CTYPES_DECODED = [aperf("aiter", "ctypes")]
+
+
 def per_sample(c: dict[str, Any]) -> bool:
     """Does this consumer ask for a wakeup per sample?"""
     return c.get("wakeup") in ("lowest-latency", "default", 1)
@@ -145,9 +158,10 @@ def all_scenarios(quick: bool) -> list[Scenario]:
             LIBBPF_MATCHED,
             LIBBPF_PER_SAMPLE,
         ]
+        consumers += COLUMNAR + CTYPES_DECODED
         if quick and size == 256:
             consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
-                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED]
+                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED, *COLUMNAR[:2]]
         # A wakeup per sample holds the producer near 110 k/s: fewer samples for those.
         slow = dict(producer, count=150_000 if quick else 300_000)
         out += [Scenario(group, c, slow if per_sample(c) else producer) for c in consumers]
@@ -214,6 +228,9 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         bcc("event", 64),
         bcc("count", 1),
         bcc("event", 1),
+        *COLUMNAR,
+        *CTYPES_DECODED,
+        aperf("arrays", "ctypes"),
     ]
     if quick:
         py_consumers = [c for c in py_consumers if c not in (bcc("count", 1),)]
