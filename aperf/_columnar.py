@@ -110,8 +110,8 @@ class Columns:
         if self.has_tail:
             starts = at + run.skip + self.size + np.arange(count, dtype=np.int64) * run.stride
             tails = Tails(run.span, starts, starts + (run.size - self.size))
-        return SampleArray(key, values, tails, Run(run.span, at, count, run.stride, run.skip,
-                                                   run.size))
+        source = Run(run.span, at, count, run.stride, run.skip, run.size)
+        return SampleArray(key, values, tails, _source=source)
 
     def from_payloads(self, key: int, payloads: list[bytes]) -> SampleArray:
         """Samples parsed one by one (each long enough): joined, then gathered at C speed."""
@@ -127,7 +127,7 @@ class Columns:
             values = np.frombuffer(blob, np.uint8)[index].view(self.dtype)[:, 0]
             values.flags.writeable = False  # like the views: read-only
         tails = Tails(blob, starts + self.size, ends) if self.has_tail else None
-        return SampleArray(key, values, tails, payloads)
+        return SampleArray(key, values, tails, _source=payloads)
 
     def too_short(self, payloads: list[bytes]) -> list[int]:
         """Indexes of the payloads shorter than the decoder's fixed part."""

@@ -137,12 +137,12 @@ class SampleArray:
     __slots__ = ("_source", "cpu", "tails", "values")
     __match_args__ = ("cpu", "values", "tails")
 
-    def __init__(self, cpu: int, values: Any, tails: Tails | None = None,
-                 source: Any = None) -> None:
+    def __init__(self, cpu: int, values: Any, tails: Tails | None = None, *,
+                 _source: Any = None) -> None:
         self.cpu = cpu
         self.values = values
         self.tails = tails
-        self._source = source  # the raw records, to rebuild Sample events from
+        self._source = _source  # the raw records, to rebuild Sample events from
 
     def __len__(self) -> int:
         return len(self.values)

@@ -81,7 +81,9 @@ class PerfStream(Generic[T]):
     ``await stream.open()`` and ``await stream.aclose()``), then either iterate
     it (``async for event in stream``, or ``stream.batches()``) or, given
     callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |
-    BadSample`` where ``T`` is what the decoder returns.
+    BadSample`` where ``T`` is what the decoder returns. ``stream.arrays()``
+    (and ``on_array=`` in callback mode) gives NumPy arrays of samples instead
+    (docs/columnar.md).
     """
 
     @overload

@@ -105,6 +105,8 @@ class PerfBuffer(Generic[T]):
 
     Exceptions raised by callbacks propagate out of these calls; the events
     after the failing one stay queued and are handed over by the next call.
+    ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
+    (:class:`aperf.SampleArray`, docs/columnar.md); the counts are still of samples.
     """
 
     @overload
