@@ -224,6 +224,9 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         rss_task = None
         if mode == "slow":
             rss_task = asyncio.ensure_future(sample_rss(rss, time.monotonic()))
+        # A columnar consumer sets up (and imports NumPy) before it says it is ready, as
+        # on_array= does in the constructor: a program imports its libraries at start.
+        arrays = stream.arrays() if mode == "arrays" else None
         t.ready()
         if mode in ("aiter", "slow"):
             await consume_aiter(stream, t, ts_of, SLOW_PAUSE if mode == "slow" else 0.0)
@@ -232,9 +235,9 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
             sizing = {"max_items": spec["max_items"]} if spec.get("max_items") else {}
             async for batch in stream.batches(**sizing):
                 count(batch)
-        elif mode == "arrays":
+        elif arrays is not None:
             count_item = array_counter(t)
-            async for item in stream.arrays():
+            async for item in arrays:
                 count_item(item)
         elif mode in ("callback", "on_batch", "on_array"):
             await stream.run()
