@@ -6,11 +6,13 @@ keeps the drain clock, and dispatches events to callbacks. Drivers only wait
 (readiness handles, a timer at :attr:`Reader.deadline`, ``poll``) and call
 it; the reader itself never waits and imports no binding.
 
-Samples wait in the queue as raw payloads, a chunk per drained span; event
-objects (and decoded values) are built only when a consumer takes them, in
-batches. Building hundreds of thousands of objects that then sit in a queue
-makes CPython's cyclic GC walk them over and over (measured: 2.4x the cost of
-the whole drain); built on demand, they die young.
+Samples wait in the queue raw: a run of equal-sized records as it sits in the
+copied span (a ``Run``), other samples as payload lists; event objects (and
+decoded values) are built only when a consumer takes them, in batches.
+Building hundreds of thousands of objects that then sit in a queue makes
+CPython's cyclic GC walk them over and over (measured: 2.4x the cost of the
+whole drain); built on demand, they die young. Columnar consumers take the
+same queue as NumPy arrays (``take_arrays``), viewing runs in place.
 """
 
 from __future__ import annotations

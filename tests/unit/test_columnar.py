@@ -386,3 +386,16 @@ def test_numpy_runs_end_exactly_at_a_different_record() -> None:
     assert numpy_run_end(span, 0, 32, len(span)) == 3200
     segments, _ = split_span(0, span, numpy_run_end)
     assert [type(s).__name__ for s in segments] == ["Run", "tuple", "Run"]  # (payloads, False)
+
+
+@pytest.mark.asyncio
+async def test_items_waiting_in_front_count_as_their_samples() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 14)
+    async with aperf.PerfStream(src, decoder=DECODER) as stream:
+        write(src, 0, 0, 300)
+        async for item in stream.arrays(max_rows=100):
+            assert repr(item) == f"<SampleArray cpu=0 100 samples dtype={item.values.dtype}>"
+            break
+        assert stream.statistics().pending == 200  # two arrays of 100 wait in front
+        assert flatten(await take_arrays(stream, 200)) == [(0, i) for i in range(100, 300)]
+        assert stream.statistics().pending == 0
