@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import Event, SampleArray, StreamStatistics
+from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics
 from ._lifetime import forked_error, track, untrack, weak_callback
 from ._log import log
 from ._loops import LoopBinding, current_binding
@@ -456,7 +456,7 @@ class PerfStream(Generic[T]):
 
     # --- columnar batches ----------------------------------------------------------------
 
-    def arrays(self, max_rows: int | None = None) -> AsyncIterator[SampleArray | Event[T]]:
+    def arrays(self, max_rows: int | None = None) -> AsyncIterator[SampleArray | Lost | BadSample]:
         """Yield samples as NumPy structured arrays, in stream order: a
         :class:`aperf.SampleArray` per run of one CPU's samples (at most ``max_rows``
         rows each; None: the whole run), with ``Lost`` and ``BadSample`` in place.
