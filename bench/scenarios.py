@@ -38,6 +38,8 @@ class Scenario:
                 return key
             return key + f"@{c.get('loop', 'asyncio')}"
         if c["impl"] == "libbpf":
+            if c.get("preset"):
+                return f"libbpf.{c['preset']}"
             return f"libbpf.{'per-sample' if c['wakeup'] == 'default' else 'watermark'}"
         if c["impl"] == "bcc":
             return f"bcc.{c['mode']}.w{c['wakeup']}" if c["mode"] != "attach-only" else "bcc.none"
@@ -84,7 +86,7 @@ def consumer_label(c: dict[str, Any]) -> str:
     if impl == "libbpf":
         if c["wakeup"] == "default":
             return "libbpf C perf_buffer__poll, wakeup per sample"
-        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {DRAIN_MS} ms drain"
+        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {c['drain_ms']} ms drain"
     if impl == "bcc":
         if c["mode"] == "attach-only":
             return "BCC program, no consumer (baseline)"
@@ -120,10 +122,22 @@ def bcc(mode: str, wakeup: int = 1) -> dict[str, Any]:
             "drain_ms": DRAIN_MS}
 
 
+# aperf's "throughput" preset in C: a wakeup per half ring, a 10 ms drain.
+LIBBPF_THROUGHPUT = {
+    "impl": "libbpf",
+    "preset": "throughput",
+    "wakeup": f"watermark:{PEER_PAGES * 4096 // 2}",
+    "pages": PEER_PAGES,
+    "drain_ms": 10,
+}
+
 # Issue 11: columnar consumers (NumPy arrays) and the compiled ctypes decoder, on every
-# producer its targets name, next to the per-item decoded consumers.
+# producer its targets name, next to the per-item decoded consumers; the columnar
+# consumer also with the throughput preset, against libbpf C with the same settings.
 COLUMNAR = [aperf("arrays", "btf"), aperf("arrays", "btf", loop="uvloop"),
-            aperf("on_array", "btf"), aperf("sync_array", "btf")]
+            aperf("on_array", "btf"), aperf("sync_array", "btf"),
+            aperf("arrays", "btf", wakeup="throughput"),
+            aperf("arrays", "btf", loop="uvloop", wakeup="throughput"), LIBBPF_THROUGHPUT]
 CTYPES_DECODED = [aperf("aiter", "ctypes")]
 
 
