@@ -75,19 +75,18 @@ async def test_counts_and_latency_buckets_of_a_known_workload() -> None:
 
 @pytest.mark.usefixtures("tracefs")
 def test_the_command_prints_the_workload_and_its_histogram() -> None:
-    with workload() as proc:
-        with subprocess.Popen(
-            [sys.executable, "-m", "examples.syscall_latency", "--pid", str(proc.pid),
-             "--seconds", "2", "--interval", "10", "--syscall", "getpid"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ) as cli:
-            try:
-                assert cli.stderr is not None
-                assert "watching process" in cli.stderr.readline()  # attached
-                go(proc)
-                out, err = cli.communicate(timeout=30)
-            finally:
-                cli.kill()
+    with workload() as proc, subprocess.Popen(
+        [sys.executable, "-m", "examples.syscall_latency", "--pid", str(proc.pid),
+         "--seconds", "2", "--interval", "10", "--syscall", "getpid"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as cli:
+        try:
+            assert cli.stderr is not None
+            assert "watching process" in cli.stderr.readline()  # attached
+            go(proc)
+            out, err = cli.communicate(timeout=30)
+        finally:
+            cli.kill()
     assert cli.returncode == 0, err
     lines = out.splitlines()
     assert lines[0].split() == ["PID", "COMM", "CALLS", "TOP", "SYSCALLS"]
