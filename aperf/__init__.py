@@ -40,7 +40,9 @@ from ._events import CpuStatistics as CpuStatistics
 from ._events import Event as Event
 from ._events import Lost as Lost
 from ._events import Sample as Sample
+from ._events import SampleArray as SampleArray
 from ._events import StreamStatistics as StreamStatistics
+from ._events import Tails as Tails
 from ._libbpf import libbpf_version as libbpf_version
 from ._libbpf import set_libbpf_verbose as set_libbpf_verbose
 from ._object import BPFObject as BPFObject
@@ -87,7 +89,9 @@ __all__ = [
     "RingBufferSource",
     "RingSizeError",
     "Sample",
+    "SampleArray",
     "StreamStatistics",
+    "Tails",
     "UnknownNameError",
     "VerifierError",
     "Wakeup",

@@ -7,157 +7,107 @@ them meaning. Only BPF objects and decoders built from them come here.
 
 from __future__ import annotations
 
-import enum
-import itertools
-import struct
-from collections import namedtuple
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _libbpf as lb
-from ._decode import SizedDecoder
-from ._errors import UnknownNameError
+from ._decode import SizedDecoder, compile_layout
+from ._errors import LibbpfError, UnknownNameError
+from ._layout import (
+    ArrayType,
+    CType,
+    EnumType,
+    FloatType,
+    IntType,
+    Member,
+    OpaqueType,
+    PointerType,
+    RecordType,
+)
 
 if TYPE_CHECKING:
     from ._object import BPFObject
 
 _LOADED_SECTIONS = (".rodata", ".data", ".bss")
 
-_INT_FORMATS = {(1, False): "B", (1, True): "b", (2, False): "H", (2, True): "h",
-                (4, False): "I", (4, True): "i", (8, False): "Q", (8, True): "q"}
 
-
-class _BtfCompiler:
-    """Turns a BTF struct into one struct format plus generated code that builds records."""
+class _BtfLayouts:
+    """BTF types as layouts (``_layout.py``): what a decoder is compiled from."""
 
     def __init__(self, btf: lb.Btf) -> None:
         self.btf = btf
-        self.fmt: list[str] = []
-        self.fields = 0  # how many values the flat format yields so far
-        self.pos = 0  # byte position the format has reached
-        self.env: dict[str, Any] = {"_tn": tuple.__new__}
-        self.last_record = ""
+        self._done: dict[tuple[int, str], CType] = {}
 
-    def _pad_to(self, offset: int) -> None:
-        if offset > self.pos:
-            self.fmt.append(f"{offset - self.pos}x")
-            self.pos = offset
+    def ctype(self, type_id: int, typedef: str = "") -> CType:
+        """The layout of a type; ``typedef`` names an anonymous struct, union or enum."""
+        t = self.btf.type(type_id)
+        while t.kind == lb.BTF_KIND_TYPEDEF or self.btf.skip_modifiers(t.id).id != t.id:
+            if t.kind == lb.BTF_KIND_TYPEDEF and not typedef:
+                typedef = t.name  # the name of an anonymous struct, union or enum
+            t = self.btf.type(t.ref)
+        key = (t.id, typedef)
+        if key not in self._done:
+            self._done[key] = self._convert(t, typedef)
+        return self._done[key]
 
-    def _take(self, code: str, size: int) -> str:
-        self.fmt.append(code)
-        self.pos += size
-        index = self.fields
-        self.fields += 1
-        return f"t[{index}]"
-
-    def compile(self, type_id: int, offset: int) -> str:
-        """Emit the format for the type at ``offset``; return the expression building its value."""
-        t = self.btf.skip_modifiers(type_id)
-        self._pad_to(offset)
+    def _convert(self, t: lb.BtfType, typedef: str) -> CType:
         if t.kind == lb.BTF_KIND_INT:
             if t.int_encoding & lb.BTF_INT_BOOL and t.size == 1:
-                return self._take("?", 1)
+                return IntType(1, False, "bool")
             if t.size not in (1, 2, 4, 8) or t.int_offset or t.int_bits != t.size * 8:
-                return self._opaque(t.size)
-            return self._take(_INT_FORMATS[(t.size, bool(t.int_encoding & lb.BTF_INT_SIGNED))],
-                              t.size)
+                return OpaqueType(t.size)
+            signed = bool(t.int_encoding & lb.BTF_INT_SIGNED)
+            return IntType(t.size, signed, "char" if t.name == "char" else "int")
         if t.kind in (lb.BTF_KIND_ENUM, lb.BTF_KIND_ENUM64):
-            if t.size not in (1, 2, 4, 8):
-                return self._opaque(t.size)
-            expr = self._take(_INT_FORMATS[(t.size, t.kind_flag)], t.size)
-            convert = self._enum(t)
-            return f"{convert}({expr})" if convert else expr
+            return EnumType(t.name or typedef, t.size, t.kind_flag, t.enum_values)
         if t.kind == lb.BTF_KIND_PTR:
-            return self._take("Q", 8)
-        if t.kind == lb.BTF_KIND_FLOAT and t.size in (4, 8):
-            return self._take("f" if t.size == 4 else "d", t.size)
+            return PointerType(8)
+        if t.kind == lb.BTF_KIND_FLOAT:
+            return FloatType(t.size) if t.size in (2, 4, 8) else OpaqueType(t.size)
         if t.kind == lb.BTF_KIND_ARRAY:
-            return self._array(t, offset)
-        if t.kind == lb.BTF_KIND_STRUCT:
-            return self._struct(t, offset)
-        size = self.btf.resolve_size(t.id)
-        return self._opaque(size)  # unions and anything else: their raw bytes
-
-    def _opaque(self, size: int) -> str:
-        return self._take(f"{size}s", size)
-
-    def _enum(self, t: lb.BtfType) -> str | None:
-        if not t.enum_values or not t.name:
-            return None
-        members = dict(t.enum_values)
+            return ArrayType(self.ctype(t.array_elem), t.array_len)
+        if t.kind in (lb.BTF_KIND_STRUCT, lb.BTF_KIND_UNION):
+            name = t.name or typedef or "anon"
+            members = []
+            for member in t.members:
+                if member.bitfield_size or member.bit_offset % 8:
+                    raise TypeError(
+                        f"struct {name}: bitfield member {member.name!r} is not supported"
+                    )
+                members.append(Member(member.name, member.bit_offset // 8,
+                                      self.ctype(member.type_id)))
+            return RecordType(name, t.kind == lb.BTF_KIND_UNION, t.size, tuple(members))
         try:
-            cls = enum.IntEnum(t.name, members)  # type: ignore[misc]
-        except (ValueError, TypeError):
-            return None
-        values = {int(m): m for m in cls}
-        name = f"_enum{len(self.env)}"
-        self.env[name] = lambda v, _get=values.get: _get(v, v)
-        return name
+            size = self.btf.resolve_size(t.id)
+        except LibbpfError:
+            size = 0
+        return OpaqueType(size)  # functions, forward declarations: their bytes, if any
 
-    def _array(self, t: lb.BtfType, offset: int) -> str:
-        elem = self.btf.skip_modifiers(t.array_elem)
-        count = t.array_len
-        is_bool = bool(elem.int_encoding & lb.BTF_INT_BOOL)
-        if elem.kind == lb.BTF_KIND_INT and elem.size == 1 and not is_bool:
-            raw = self._take(f"{count}s", count)
-            if elem.name != "char":
-                return raw
-            # c_string() inlined: a function call per field costs more than the work.
-            return f"{raw}.partition(b'\\0')[0].decode('utf-8', 'replace')"
-        elem_size = self.btf.resolve_size(elem.id)
-        parts = [self.compile(elem.id, offset + i * elem_size) for i in range(count)]
-        return "(" + "".join(p + ", " for p in parts) + ")"
 
-    def _struct(self, t: lb.BtfType, offset: int) -> str:
-        names: list[str] = []
-        exprs: list[str] = []
-        for member in t.members:
-            if member.bitfield_size or member.bit_offset % 8:
-                raise TypeError(
-                    f"struct {t.name}: bitfield member {member.name!r} is not supported"
-                )
-            names.append(member.name or f"_anon{len(names)}")
-            exprs.append(self.compile(member.type_id, offset + member.bit_offset // 8))
-        self._pad_to(offset + t.size)
-        record = namedtuple(t.name or "anon", names, rename=True)  # type: ignore[misc]
-        name = f"_rec{len(self.env)}"
-        self.env[name] = record
-        self.last_record = name  # the outermost struct is compiled last
-        # tuple.__new__ straight away: a named tuple's own __new__ is a Python call.
-        return f"_tn({name}, ({''.join(e + ', ' for e in exprs)}))"
+def btf_layout(btf: lb.Btf, type_name: str, path: str = "the object") -> RecordType:
+    """The layout of struct ``type_name`` (or of the struct a typedef of that name means);
+    ``path`` names the object file in the hint of a miss."""
+    name = type_name.removeprefix("struct ").strip()
+    layout = _BtfLayouts(btf).ctype(find_struct(btf, name, path), typedef=name)
+    assert isinstance(layout, RecordType)
+    return layout
 
 
 def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
     """Decode samples as the C struct ``type_name`` described by ``obj``'s BTF.
 
     ``obj`` is an open [`BPFObject`][aperf.BPFObject]; ``type_name`` a struct name
-    (``"event"`` or ``"struct event"``) or a typedef of a struct. Integers of every width and
-    signedness, bool, enums (as ``IntEnum`` members when the value is named),
-    nested structs and fixed arrays are supported; ``char[N]`` becomes ``str``.
+    (``"event"`` or ``"struct event"``) or a typedef of a struct (``"event_t"``).
+    Integers of every width and signedness, bool, enums (members of an
+    ``IntEnum``, see docs/decoding.md), floats, pointers (ints), nested and
+    anonymous structs and unions, fixed arrays and a trailing flexible array
+    are supported; ``char[N]`` becomes ``str``, other 1-byte arrays ``bytes``.
     """
     name = type_name.removeprefix("struct ").strip()
     btf = obj._btf()
     if btf is None:
         raise UnknownNameError("BTF type (the object has no BTF)", name, [])
-    type_id = find_struct(btf, name, obj.path)
-    compiler = _BtfCompiler(btf)
-    expr = compiler.compile(type_id, 0)
-    packed = struct.Struct("<" + "".join(compiler.fmt))
-    env = dict(compiler.env, _unpack=packed.unpack_from, _map=map, _repeat=itertools.repeat)
-    # Generated from BTF names and counts only. When every field maps straight
-    # across (no strings, enums or nesting), records are made from the unpacked
-    # tuples with no per-record Python code at all.
-    fields = "".join(f"t[{i}], " for i in range(compiler.fields))
-    build = eval(f"lambda t: {expr}", env)
-    if expr == f"_tn({compiler.last_record}, ({fields}))":
-        record = env[compiler.last_record]
-        many = eval(
-            "lambda payloads: list(_map(_tn, _repeat(_record), _map(_unpack, payloads)))",
-            dict(env, _record=record),
-        )
-    else:
-        many = eval(f"lambda payloads: [{expr} for t in _map(_unpack, payloads)]", env)
-    return SizedDecoder(f"struct {name}", packed, build, many)
+    return compile_layout(btf_layout(btf, name, obj.path), f"struct {name}", "<")
 
 
 def find_struct(btf: lb.Btf, name: str, path: str = "the object") -> int:

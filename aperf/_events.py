@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Union
 
@@ -133,3 +134,66 @@ class StreamStatistics:
     def decode_errors(self) -> int:
         """Samples the decoder refused, all CPUs."""
         return sum(c.decode_errors for c in self.cpus)
+
+
+class SampleArray:
+    """Samples of one CPU, in ring order, as a NumPy structured array (columnar batches).
+
+    ``values`` has one row per sample and the decoder's fields as columns (the
+    same names as its records: ``values["pid"]``); it is read-only and, for a
+    run of equal-sized records, a view of the bytes aperf copied out of the
+    ring (never of ring memory): ``values.copy()`` makes a compact, writable
+    copy. ``tails``, for a struct ending in a flexible array member, holds each
+    sample's bytes after the fixed part; otherwise None. ``len()`` is the
+    number of samples. See docs/columnar.md.
+    """
+
+    __slots__ = ("_source", "cpu", "tails", "values")
+    __match_args__ = ("cpu", "values", "tails")
+
+    def __init__(self, cpu: int, values: Any, tails: Tails | None = None, *,
+                 _source: Any = None) -> None:
+        self.cpu = cpu
+        self.values = values
+        self.tails = tails
+        self._source = _source  # the raw records, to rebuild Sample events from
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        tails = ", tails" if self.tails is not None else ""
+        return f"<SampleArray cpu={self.cpu} {len(self)} samples{tails} dtype={self.values.dtype}>"
+
+
+class Tails:
+    """The bytes each sample holds after its fixed part: ``data[starts[i]:stops[i]]``.
+
+    ``starts`` and ``stops`` are NumPy int64 arrays into ``data`` (for vectorised
+    work, e.g. ``numpy.frombuffer(tails.data, numpy.uint8)``); ``tails[i]`` is
+    one sample's bytes, ``list(tails)`` all of them. They include the kernel's
+    padding (up to 7 bytes, not zeroed): a program should write the length it
+    means into a field of the fixed part.
+    """
+
+    __slots__ = ("data", "starts", "stops")
+
+    def __init__(self, data: bytes, starts: Any, stops: Any) -> None:
+        self.data = data
+        self.starts = starts
+        self.stops = stops
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> bytes:
+        return self.data[int(self.starts[index]) : int(self.stops[index])]
+
+    def __iter__(self) -> Iterator[bytes]:
+        data = self.data
+        return (data[a:b] for a, b in zip(self.starts.tolist(), self.stops.tolist(), strict=True))
+
+    @property
+    def lengths(self) -> Any:
+        """The length of each tail (a NumPy array)."""
+        return self.stops - self.starts

@@ -7,8 +7,11 @@ of a perf event, or plain memory in ``aperf.testing``).
 
 from __future__ import annotations
 
+import functools
+import operator
 import struct
-from typing import Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 from ._errors import BrokenRingError
 
@@ -79,11 +82,49 @@ class PerfRing:
         return span
 
 
-Segment = tuple[list[bytes], bool] | int
-"""A run of sample payloads (and whether they all have one size), or a lost count."""
+class Run(NamedTuple):
+    """``count`` records of ``stride`` bytes from byte ``start`` of ``span``, each holding a
+    ``size``-byte payload ``skip`` bytes in: a run of one program's fixed-size samples,
+    kept as it sits in the copied span (columnar consumers view it in place)."""
+
+    span: bytes
+    start: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as Lost.count does
+    stride: int
+    skip: int
+    size: int
+
+    def payloads(self, first: int = 0, stop: int | None = None) -> list[bytes]:
+        """The payloads of records ``first`` to ``stop``, each a ``bytes`` of its own."""
+        stop = self.count if stop is None else stop
+        at = self.start + first * self.stride
+        view = memoryview(self.span)[at : at + (stop - first) * self.stride]
+        cut = _payload_struct(self.stride, self.skip, self.size)
+        return list(map(_first, cut.iter_unpack(view)))
 
 
-def _uniform_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+_first = operator.itemgetter(0)
+
+
+@functools.lru_cache(maxsize=256)
+def _payload_struct(stride: int, skip: int, size: int) -> struct.Struct:
+    return struct.Struct(f"{skip}x{size}s{stride - skip - size}x")
+
+
+Segment = tuple[list[bytes], bool] | Run | int
+"""A run of sample payloads (and whether they all have one size), a :class:`Run` of
+identical records in place, or a lost count."""
+
+def payloads_of(segment: tuple[list[bytes], bool] | Run) -> list[bytes]:
+    """The payloads of a sample segment, whichever form it has."""
+    return segment.payloads() if isinstance(segment, Run) else segment[0]
+
+
+RunEnd = Callable[[bytes, int, int, int], int]
+"""``(span, pos, size, end)`` -> where the run of identical records from ``pos`` ends."""
+
+
+def uniform_run_end(span: bytes, pos: int, size: int, end: int) -> int:
     """End of the run of identical sample records starting at ``pos``.
 
     ``pos`` if fewer than two records are in line, -1 if they are not identical.
@@ -103,20 +144,24 @@ def _uniform_run_end(span: bytes, pos: int, size: int, end: int) -> int:
     return stop
 
 
-def split_span(cpu: int, span: bytes) -> tuple[list[Segment], int]:
+def split_span(
+    cpu: int, span: bytes, run_end: RunEnd = uniform_run_end
+) -> tuple[list[Segment], int]:
     """Parse a span into segments, in ring order, and count the other records (skipped).
 
-    A segment is a list of sample payloads (``bytes``, each as the kernel padded
-    it) with a flag saying they all have one size, or a lost count (``int``).
-    Runs of identical sample records, the common case of one program emitting
-    one struct, are cut out at C speed with ``struct.iter_unpack``, also between
-    lost records. Raises ``BrokenRingError`` on a record that does not fit;
-    its ``partial`` holds the segments before it, which are intact.
+    A segment is a `Run` of identical sample records (the common case of
+    one program emitting one struct: found at C speed, also between lost
+    records, and left in place in the span), a list of sample payloads
+    (``bytes``, each as the kernel padded it) parsed one by one with a flag
+    saying they all have one size, or a lost count (``int``). ``run_end`` finds
+    where a run ends (a NumPy version serves columnar consumers). Raises
+    ``BrokenRingError`` on a record that does not fit; its ``partial``
+    holds the segments before it, which are intact.
     """
     segments: list[Segment] = []
     single: list[bytes] = []  # samples parsed one at a time, not yet a segment
     try:
-        other = _split(cpu, span, segments, single)
+        other = _split(cpu, span, segments, single, run_end)
     except BrokenRingError as exc:
         if single:
             segments.append((single, False))
@@ -127,7 +172,9 @@ def split_span(cpu: int, span: bytes) -> tuple[list[Segment], int]:
     return segments, other
 
 
-def _split(cpu: int, span: bytes, segments: list[Segment], single: list[bytes]) -> int:
+def _split(
+    cpu: int, span: bytes, segments: list[Segment], single: list[bytes], run_end: RunEnd
+) -> int:
     other = 0
     end = len(span)
     pos = 0
@@ -147,14 +194,12 @@ def _split(cpu: int, span: bytes, segments: list[Segment], single: list[bytes]) 
             if 12 + raw > size:
                 raise BrokenRingError(cpu, f"sample at byte {pos} claims {raw} raw bytes in {size}")
             if fast:
-                stop = _uniform_run_end(span, pos, size, end)
+                stop = run_end(span, pos, size, end)
                 if stop > pos:
-                    cut = struct.Struct(f"12x{raw}s{size - 12 - raw}x")
-                    payloads = [p for (p,) in cut.iter_unpack(span[pos:stop])]
                     if single:
                         segments.append((single.copy(), False))
                         single.clear()
-                    segments.append((payloads, True))
+                    segments.append(Run(span, pos, (stop - pos) // size, size, 12, raw))
                     pos = stop
                     continue
                 # A failed check is not retried record by record (that would be
@@ -198,8 +243,10 @@ class PerfRecords:
     lost_records = True
 
     @staticmethod
-    def split(key: int, span: bytes) -> tuple[list[Segment], int]:
-        return split_span(key, span)
+    def split(
+        key: int, span: bytes, run_end: RunEnd = uniform_run_end
+    ) -> tuple[list[Segment], int]:
+        return split_span(key, span, run_end)
 
 
 PERF_RECORDS = PerfRecords()

@@ -15,12 +15,19 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import Event, StreamStatistics, T
+from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack, weak_callback
 from ._log import log
 from ._loops import LoopBinding, current_binding
 from ._options import Wakeup
-from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
+from ._reader import (
+    DEFAULT_BATCH,
+    DEFAULT_MAX_PENDING,
+    DecodeErrorPolicy,
+    Handlers,
+    Reader,
+    load_columns,
+)
 from ._setup import ReaderOptions, SourceSpec
 
 Callback = Callable[[Any], Any]
@@ -76,7 +83,9 @@ class PerfStream(Generic[T]):
     ``await stream.open()`` and ``await stream.aclose()``), then either iterate
     it (``async for event in stream``, or ``stream.batches()``) or, given
     callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |
-    BadSample`` where ``T`` is what the decoder returns.
+    BadSample`` where ``T`` is what the decoder returns. ``stream.arrays()``
+    (and ``on_array=`` in callback mode) gives NumPy arrays of samples instead
+    (docs/columnar.md).
     """
 
     @overload
@@ -94,6 +103,7 @@ class PerfStream(Generic[T]):
         on_lost: Callback | None = ...,
         on_batch: Callable[[list[Event[None]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
+        on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
     @overload
@@ -111,6 +121,7 @@ class PerfStream(Generic[T]):
         on_lost: Callback | None = ...,
         on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
+        on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
     @overload
@@ -128,6 +139,7 @@ class PerfStream(Generic[T]):
         on_lost: Callback | None = ...,
         on_batch: Callable[[list[Event[T]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
+        on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -144,6 +156,7 @@ class PerfStream(Generic[T]):
         on_lost: Callback | None = None,
         on_batch: Callable[[list[Any]], Any] | None = None,
         on_decode_error: Callback | None = None,
+        on_array: Callable[[SampleArray], Any] | None = None,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
@@ -156,10 +169,16 @@ class PerfStream(Generic[T]):
             raise TypeError(f"on_batch must be callable, not {type(on_batch).__name__}")
         self._on_batch = on_batch
         self._handlers: Handlers | None = None
-        if on_sample is not None:
+        if on_array is not None:
+            if on_batch is not None or on_sample is not None:
+                raise ValueError("give on_array (columnar), or on_sample/on_batch, not both")
+            self._handlers = Handlers(None, on_lost, on_decode_error, on_array)
+            load_columns(self._options.decoder)  # NumPy and a decoder with a layout, now
+        elif on_sample is not None:
             self._handlers = Handlers(on_sample, on_lost, on_decode_error)
         elif on_lost is not None or on_decode_error is not None:
-            raise ValueError("on_lost and on_decode_error go with an on_sample callback")
+            raise ValueError("on_lost and on_decode_error go with an on_sample or on_array "
+                             "callback")
         self._reader: Reader | None = None
         self._loop: LoopBinding | None = None
         self._held: _Held | None = None
@@ -373,10 +392,14 @@ class PerfStream(Generic[T]):
         # An async generator costs less per item than a coroutine per __anext__. But
         # trio warns (ResourceWarning) whenever one is collected unfinished, as after a
         # break out of ``async for``: there, an iterator object serves.
-        loop = self._loop
-        if loop is not None and loop.warns_on_unfinished_generators:
-            return _Events(self, self._require_open())
+        if self._generators_warn():
+            reader = self._require_open()
+            return _Items(self, reader.held, lambda: self._take(reader, DEFAULT_BATCH))
         return self._events()
+
+    def _generators_warn(self) -> bool:
+        loop = self._loop
+        return loop is not None and loop.warns_on_unfinished_generators
 
     async def __anext__(self) -> Event[T]:
         """One event (``await anext(stream)``); ``async for`` uses a cheaper path."""
@@ -403,7 +426,9 @@ class PerfStream(Generic[T]):
                 continue
             batch = self._take(reader, DEFAULT_BATCH)
             if batch:
-                held.extend(batch)
+                # In front: taking may have left events behind it (a columnar
+                # consumer's arrays, turned back into events).
+                held.extendleft(reversed(batch))
             elif self._closed:
                 return
             else:
@@ -414,7 +439,8 @@ class PerfStream(Generic[T]):
         ``async for batch in stream.batches(): ...``."""
         if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
             raise ValueError(f"max_items must be an int of at least 1, not {max_items!r}")
-        return _Batches(self, self._require_open(), max_items)
+        reader = self._require_open()
+        return _Batches(self, lambda: self._take(reader, max_items))
 
     async def run(self) -> None:
         """Callback mode: hand every event to the callbacks until the stream closes.
@@ -424,9 +450,10 @@ class PerfStream(Generic[T]):
         """
         handlers, on_batch = self._handlers, self._on_batch
         if handlers is None and on_batch is None:
-            raise ValueError("run() needs on_sample (and on_lost) or on_batch callbacks")
+            raise ValueError("run() needs on_sample (and on_lost), on_batch or on_array callbacks")
         reader = self._require_open()
-        async for batch in self.batches():
+        columnar = handlers is not None and handlers.columnar
+        async for batch in self._array_batches(None) if columnar else self.batches():
             if on_batch is not None:
                 result = on_batch(batch)
                 if result is not None and inspect.isawaitable(result):
@@ -439,6 +466,56 @@ class PerfStream(Generic[T]):
                     await awaitable
                 except BaseException as exc:
                     pending.throw(exc)  # puts the rest of the batch back, re-raises
+
+    # --- columnar batches ----------------------------------------------------------------
+
+    def arrays(self, max_rows: int | None = None) -> AsyncIterator[SampleArray | Lost | BadSample]:
+        """Yield samples as NumPy structured arrays, in stream order: a
+        [`SampleArray`][aperf.SampleArray] per run of one CPU's samples (at most ``max_rows``
+        rows each; None: the whole run), with ``Lost`` and ``BadSample`` in place.
+
+        Needs NumPy (``pip install 'aperf[numpy]'``: ImportError otherwise) and a
+        decoder with a layout (a BTF struct name, ``from_btf``, a ctypes structure or
+        a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
+        cancelled, as `batches()` is; see docs/columnar.md.
+        """
+        if max_rows is not None and (
+            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+        ):
+            raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+        reader = self._require_open()
+        reader.columns()
+        if self._generators_warn():  # trio: see __aiter__
+            return _Items(self, reader.held_arrays, lambda: self._take_arrays(reader, max_rows))
+        return self._arrays(reader, max_rows)
+
+    async def _arrays(self, reader: Reader, max_rows: int | None) -> AsyncIterator[Any]:
+        # As _events: items wait in the reader's front queue, so a consumer that stops
+        # iterating (break, cancellation, an exception) loses none of them.
+        held = reader.held_arrays
+        popleft = held.popleft
+        while True:
+            if held:
+                yield popleft()
+                continue
+            batch = self._take_arrays(reader, max_rows)
+            if batch:
+                held.extend(batch)
+            elif self._closed:
+                return
+            else:
+                await self._wait()
+
+    def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
+        reader = self._require_open()
+        reader.columns()
+        return _Batches(self, lambda: self._take_arrays(reader, max_rows))
+
+    def _take_arrays(self, reader: Reader, max_rows: int | None) -> list[Any]:
+        batch = reader.take_arrays(max_rows)
+        if reader.deadline != self._timer_at:
+            self._sync_timer()  # taking resumed a parked timer
+        return batch
 
     # --- introspection -------------------------------------------------------------------
 
@@ -457,55 +534,57 @@ class PerfStream(Generic[T]):
         return self._options.wakeup
 
 
-class _Events(Generic[T]):
-    """``async for`` over a stream without an async generator (see ``__aiter__``).
+class _Items(Generic[T]):
+    """``async for`` over a stream's events (or arrays) without an async generator (see
+    ``__aiter__``).
 
-    Like the generator, it keeps nothing of its own: events built and not yet
-    handed out wait in the reader's front queue, so a consumer that stops
+    Like the generators, it keeps nothing of its own: items built and not yet
+    handed out wait in the reader's front queue ``held``, so a consumer that stops
     (break, cancellation) loses nothing.
     """
 
-    __slots__ = ("_held", "_reader", "_stream")
+    __slots__ = ("_held", "_stream", "_take")
 
-    def __init__(self, stream: PerfStream[T], reader: Reader) -> None:
+    def __init__(self, stream: PerfStream[T], held: Any, take: Callable[[], list[Any]]) -> None:
         self._stream = stream
-        self._reader = reader
-        self._held = reader.held
+        self._held = held
+        self._take = take
 
-    def __aiter__(self) -> _Events[T]:
+    def __aiter__(self) -> _Items[T]:
         return self
 
-    async def __anext__(self) -> Event[T]:
+    async def __anext__(self) -> Any:
         held = self._held
         while not held:
             stream = self._stream
-            batch = stream._take(self._reader, DEFAULT_BATCH)
+            batch = self._take()
             if batch:
-                held.extend(batch)
+                # In front: taking may have left items behind it (as in _events).
+                held.extendleft(reversed(batch))
             elif stream.closed:
                 raise StopAsyncIteration
             else:
                 await stream._wait()
-        return held.popleft()  # type: ignore[no-any-return]
+        return held.popleft()
 
 
 class _Batches(Generic[T]):
-    """What ``stream.batches()`` returns: an async iterator of event lists."""
+    """What ``stream.batches()`` returns (and callback mode reads): what ``take`` gives,
+    a list at a time, until the stream is closed and nothing is left."""
 
-    __slots__ = ("_max_items", "_reader", "_stream")
+    __slots__ = ("_stream", "_take")
 
-    def __init__(self, stream: PerfStream[T], reader: Reader, max_items: int) -> None:
+    def __init__(self, stream: PerfStream[T], take: Callable[[], list[Any]]) -> None:
         self._stream = stream
-        self._reader = reader
-        self._max_items = max_items
+        self._take = take
 
     def __aiter__(self) -> _Batches[T]:
         return self
 
-    async def __anext__(self) -> list[Event[T]]:
+    async def __anext__(self) -> list[Any]:
         stream = self._stream
         while True:
-            batch = stream._take(self._reader, self._max_items)
+            batch = self._take()
             if batch:
                 return batch
             if stream.closed:

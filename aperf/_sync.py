@@ -19,11 +19,18 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, overload
 
 from ._errors import ClosedResourceError
-from ._events import BadSample, Lost, Sample, StreamStatistics, T
+from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack
 from ._log import log
 from ._options import Wakeup
-from ._reader import DEFAULT_BATCH, DEFAULT_MAX_PENDING, DecodeErrorPolicy, Handlers, Reader
+from ._reader import (
+    DEFAULT_BATCH,
+    DEFAULT_MAX_PENDING,
+    DecodeErrorPolicy,
+    Handlers,
+    Reader,
+    load_columns,
+)
 from ._setup import ReaderOptions, SourceSpec
 from ._source import HandleKind
 
@@ -148,6 +155,8 @@ class PerfBuffer(Generic[T]):
 
     Exceptions raised by callbacks propagate out of these calls; the events
     after the failing one stay queued and are handed over by the next call.
+    ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
+    ([`SampleArray`][aperf.SampleArray], docs/columnar.md); the counts are still of samples.
     """
 
     @overload
@@ -157,12 +166,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
-        on_sample: Callable[[Sample[None]], Any],
+        on_sample: Callable[[Sample[None]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
         decoder: None = ...,
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
+        on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
     @overload
@@ -172,12 +182,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
-        on_sample: Callable[[Sample[Any]], Any],
+        on_sample: Callable[[Sample[Any]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
         decoder: str | type | struct.Struct,
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
+        on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
     @overload
@@ -187,12 +198,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
-        on_sample: Callable[[Sample[T]], Any],
+        on_sample: Callable[[Sample[T]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
         decoder: Callable[[bytes], T],
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
+        on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -207,14 +219,17 @@ class PerfBuffer(Generic[T]):
         decoder: Any = None,
         decode_errors: DecodeErrorPolicy = "item",
         wakeup: Wakeup | str | None = None,
+        on_array: Callable[[SampleArray], Any] | None = None,
     ) -> None:
-        if on_sample is None:
-            raise ValueError("PerfBuffer needs an on_sample callback")
-        self._handlers = Handlers(on_sample, on_lost, on_decode_error)
+        if on_sample is None and on_array is None:
+            raise ValueError("PerfBuffer needs an on_sample (or, columnar, an on_array) callback")
+        self._handlers = Handlers(on_sample, on_lost, on_decode_error, on_array)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors,
         )
+        if on_array is not None:
+            load_columns(options.decoder)  # NumPy and a decoder with a layout, now
         self._wakeup = options.wakeup
         # One caller at a time inside poll/consume; close() interrupts a waiting poll,
         # then takes the lock, so it never frees rings under a reader. Reentrant: a
@@ -262,7 +277,7 @@ class PerfBuffer(Generic[T]):
         with self._lock:
             held = self._require_open()
             reader = held.reader
-            if reader.pending or reader.held:
+            if reader.pending or reader.held or reader.held_arrays:
                 return self._dispatch(reader)
             deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
             while True:
@@ -306,8 +321,9 @@ class PerfBuffer(Generic[T]):
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
         handled = 0
+        columnar = self._handlers.columnar
         while True:
-            batch = reader.take(DEFAULT_BATCH)
+            batch = reader.take_arrays() if columnar else reader.take(DEFAULT_BATCH)
             if not batch:
                 return handled
             pending = reader.dispatch(batch, self._handlers)
@@ -319,7 +335,9 @@ class PerfBuffer(Generic[T]):
                     TypeError("PerfBuffer callbacks run without an event loop: a callback "
                               "returned an awaitable; use PerfStream for coroutine callbacks")
                 )
-            handled += len(batch)
+            # Columnar: an array counts as its samples.
+            handled += sum(len(e) if e.__class__ is SampleArray else 1 for e in batch) if (
+                columnar) else len(batch)
 
     # --- lifecycle ----------------------------------------------------------------------
 

@@ -34,10 +34,14 @@ class Scenario:
             key = f"aperf.{c['mode']}{c.get('max_items') or ''}.{c.get('decoder') or 'raw'}"
             if c.get("wakeup"):
                 key += f".{c['wakeup']}"
-            return key + f"@{c.get('loop', 'asyncio')}" if c["mode"] != "sync" else key
+            if c["mode"].startswith("sync"):
+                return key
+            return key + f"@{c.get('loop', 'asyncio')}"
         if c["impl"] == "libbpf":
             if c["wakeup"] == "ringbuf":
                 return "libbpf.ringbuf"
+            if c.get("preset"):
+                return f"libbpf.{c['preset']}"
             return f"libbpf.{'per-sample' if c['wakeup'] == 'default' else 'watermark'}"
         if c["impl"] == "bcc":
             return f"bcc.{c['mode']}.w{c['wakeup']}" if c["mode"] != "attach-only" else "bcc.none"
@@ -59,6 +63,9 @@ MODE_LABELS = {
     "on_batch": "callback on_batch",
     "sync": "sync PerfBuffer.poll",
     "slow": "slow async for",
+    "arrays": "columnar arrays()",
+    "on_array": "columnar callback on_array",
+    "sync_array": "columnar sync PerfBuffer(on_array=).poll",
 }
 
 
@@ -68,12 +75,13 @@ WAKEUP_LABELS = {"strict": "default with idle_latency=1 ms (Wakeup.balanced(idle
 def consumer_label(c: dict[str, Any]) -> str:
     impl = c["impl"]
     if impl == "aperf":
-        decoder = {None: "raw", "btf": "BTF", "struct": "struct"}[c.get("decoder")]
+        decoder = {None: "raw", "btf": "BTF", "struct": "struct", "ctypes": "ctypes"}[
+            c.get("decoder")]
         mode = MODE_LABELS[c["mode"]]
         if c.get("max_items"):
             mode = mode.replace("()", f"(max_items={c['max_items']})")
         text = f"aperf {mode}, {decoder}"
-        if c["mode"] != "sync":
+        if not c["mode"].startswith("sync"):
             text += f", {c.get('loop', 'asyncio')}"
         wakeup = c.get("wakeup") or "default"
         return text + f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
@@ -82,7 +90,7 @@ def consumer_label(c: dict[str, Any]) -> str:
             return "libbpf C ring_buffer__poll on the BPF ring buffer (producer's wakeups)"
         if c["wakeup"] == "default":
             return "libbpf C perf_buffer__poll, wakeup per sample"
-        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {DRAIN_MS} ms drain"
+        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {c['drain_ms']} ms drain"
     if impl == "bcc":
         if c["mode"] == "attach-only":
             return "BCC program, no consumer (baseline)"
@@ -122,6 +130,25 @@ def bcc(mode: str, wakeup: int = 1) -> dict[str, Any]:
             "drain_ms": DRAIN_MS}
 
 
+# aperf's "throughput" preset in C: a wakeup per half ring, a 10 ms drain.
+LIBBPF_THROUGHPUT = {
+    "impl": "libbpf",
+    "preset": "throughput",
+    "wakeup": f"watermark:{PEER_PAGES * 4096 // 2}",
+    "pages": PEER_PAGES,
+    "drain_ms": 10,
+}
+
+# Issue 11: columnar consumers (NumPy arrays) and the compiled ctypes decoder, on every
+# producer its targets name, next to the per-item decoded consumers; the columnar
+# consumer also with the throughput preset, against libbpf C with the same settings.
+COLUMNAR = [aperf("arrays", "btf"), aperf("arrays", "btf", loop="uvloop"),
+            aperf("on_array", "btf"), aperf("sync_array", "btf"),
+            aperf("arrays", "btf", wakeup="throughput"),
+            aperf("arrays", "btf", loop="uvloop", wakeup="throughput"), LIBBPF_THROUGHPUT]
+CTYPES_DECODED = [aperf("aiter", "ctypes")]
+
+
 def per_sample(c: dict[str, Any]) -> bool:
     """Does this consumer ask for a wakeup per sample?"""
     return c.get("wakeup") in ("lowest-latency", "default", 1)
@@ -156,9 +183,10 @@ def all_scenarios(quick: bool) -> list[Scenario]:
             LIBBPF_MATCHED,
             LIBBPF_PER_SAMPLE,
         ]
+        consumers += COLUMNAR + CTYPES_DECODED
         if quick and size == 256:
             consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
-                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED]
+                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED, *COLUMNAR[:2]]
         if size == 256:
             consumers = [c for c in consumers if c.get("loop") != "trio"]
         # A wakeup per sample holds the producer near 110 k/s: fewer samples for those.
@@ -247,6 +275,9 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         bcc("event", 64),
         bcc("count", 1),
         bcc("event", 1),
+        *COLUMNAR,
+        *CTYPES_DECODED,
+        aperf("arrays", "ctypes"),
     ]
     if quick:
         py_consumers = [c for c in py_consumers if c not in (bcc("count", 1),)]

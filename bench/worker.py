@@ -7,10 +7,13 @@ SPEC_JSON fields:
              aperf tells them apart by the map's type)
   mode       "aiter" (async for), "batches" (stream.batches()), "callback" (on_sample +
              run()), "on_batch" (on_batch + run()), "sync" (PerfBuffer.poll), "slow"
-             (async for that sleeps 1 ms at every timed sample, for the memory scenario)
+             (async for that sleeps 1 ms at every timed sample, for the memory scenario);
+             columnar (NumPy arrays): "arrays" (stream.arrays()), "on_array" (on_array +
+             run()), "sync_array" (PerfBuffer(on_array=...).poll)
   loop       "asyncio", "uvloop" or "trio" (all three through anyio.run; the consumer
              code is the same, aperf picks its loop binding)
-  decoder    null (raw bytes), "btf" (from_btf on bench_getpid.bpf.o), "struct"
+  decoder    null (raw bytes), "btf" (from_btf on bench_getpid.bpf.o), "struct",
+             "ctypes" (a ctypes.Structure mirror of the same struct)
   size       sample size in bytes (32 or 256): picks the decoded type
   max_items  batches(max_items=...), absent for aperf's default
   wakeup     null (aperf's default), a preset name, "every:N", or "strict" (the
@@ -25,11 +28,14 @@ Protocol: that of bench/common.py; on SIGUSR1 (anyio's signal receiver) the stre
 is closed, which hands over what the rings still hold. The per-sample work is the
 same in every mode: count it, and for every lat_every-th sample read its timestamp (the raw bytes at
 offset 8, or the decoded ``ts`` field) against ``time.monotonic_ns()``, which reads
-the clock bpf_ktime_get_ns() reads.
+the clock bpf_ktime_get_ns() reads. Columnar consumers do it a whole array at a
+time: count its rows, and read the ``ts`` column of those of them that fall on a
+lat_every-th sample (one clock reading per array).
 """
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import struct
 import threading
@@ -55,12 +61,32 @@ LOOPS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+class Sample32(ctypes.Structure):
+    """struct bench_sample32 (bpf/bench.h), as a ctypes user would declare it."""
+
+    _fields_ = (("seq", ctypes.c_uint64), ("ts", ctypes.c_uint64),
+                ("pid_tgid", ctypes.c_uint64), ("cpu", ctypes.c_uint64))
+
+
+class Sample256(ctypes.Structure):
+    """struct bench_sample256 (bpf/bench.h)."""
+
+    _fields_ = (("seq", ctypes.c_uint64), ("ts", ctypes.c_uint64), ("pid", ctypes.c_uint32),
+                ("tgid", ctypes.c_uint32), ("comm", ctypes.c_char * 16),
+                ("path", ctypes.c_char * 200), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64))
+
+
+CTYPES = {32: Sample32, 256: Sample256}
+
+
 def make_decoder(spec: dict[str, Any]) -> Any:
     kind = spec.get("decoder")
     if kind is None:
         return None
     if kind == "struct":
         return struct.Struct(STRUCT_FORMATS[spec["size"]])
+    if kind == "ctypes":
+        return CTYPES[spec["size"]]
     if kind == "btf":
         with aperf.BPFObject(spec["btf_object"]) as obj:
             return aperf.decoders.from_btf(obj, BTF_TYPES[spec["size"]])
@@ -132,6 +158,27 @@ def batch_counter(t: Tally, ts_of: Callable[[Any], int]) -> Callable[[list[Any]]
     return on_batch
 
 
+def array_counter(t: Tally) -> Callable[[Any], None]:
+    """A function counting one item of a columnar consumer (an array, or a lost notice)
+    into ``t``: ``on_array``/``on_lost``, and the body of the ``arrays()`` loop."""
+    every, lat, mono = t.mask + 1, t.lat, time.monotonic_ns
+    sample_array = aperf.SampleArray
+
+    def on_item(item: Any) -> None:
+        if item.__class__ is not sample_array:
+            t.lost += item.count
+            return
+        before = t.samples
+        rows = len(item)
+        t.samples = before + rows
+        first = every - before % every - 1  # the row that is the next lat_every-th sample
+        if first < rows:
+            t.t_last = now = mono()
+            lat.extend((now - item.values["ts"][first::every].astype("int64")).tolist())
+
+    return on_item
+
+
 def sample_callbacks(t: Tally, ts_of: Callable[[Any], int]) -> dict[str, Any]:
     """``on_sample`` and ``on_lost`` counting into ``t``."""
     mask, lat, mono = t.mask, t.lat, time.monotonic_ns
@@ -169,6 +216,9 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         callbacks = sample_callbacks(t, ts_of)
     elif mode == "on_batch":
         callbacks = {"on_batch": batch_counter(t, ts_of)}
+    elif mode == "on_array":
+        count_item = array_counter(t)
+        callbacks = {"on_array": count_item, "on_lost": count_item}
     stream = aperf.PerfStream(spec["map"], **ring_options(spec), **callbacks)
     stats: list[aperf.StreamStatistics] = []
 
@@ -184,6 +234,9 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         await tg.start(finish_on_signal)
         if mode == "slow":
             tg.start_soon(sample_rss, rss, time.monotonic())
+        # A columnar consumer sets up (and imports NumPy) before it says it is ready, as
+        # on_array= does in the constructor: a program imports its libraries at start.
+        arrays = stream.arrays() if mode == "arrays" else None
         t.ready()
         if mode in ("aiter", "slow"):
             await consume_aiter(stream, t, ts_of, SLOW_PAUSE if mode == "slow" else 0.0)
@@ -192,7 +245,11 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
             sizing = {"max_items": spec["max_items"]} if spec.get("max_items") else {}
             async for batch in stream.batches(**sizing):
                 count(batch)
-        elif mode in ("callback", "on_batch"):
+        elif arrays is not None:
+            count_item = array_counter(t)
+            async for item in arrays:
+                count_item(item)
+        elif mode in ("callback", "on_batch", "on_array"):
             await stream.run()
         else:
             raise ValueError(f"unknown mode {mode!r}")
@@ -203,8 +260,12 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
 def run_sync(spec: dict[str, Any], t: Tally) -> aperf.StreamStatistics:
     finished = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: finished.set())
-    with aperf.PerfBuffer(spec["map"], **ring_options(spec),
-                          **sample_callbacks(t, timestamp_getter(spec))) as pb:
+    if spec["mode"] == "sync_array":
+        count_item = array_counter(t)
+        callbacks = {"on_array": count_item, "on_lost": count_item}
+    else:
+        callbacks = sample_callbacks(t, timestamp_getter(spec))
+    with aperf.PerfBuffer(spec["map"], **ring_options(spec), **callbacks) as pb:
         t.ready()
         while not finished.is_set():
             pb.poll(timeout_ms=10)
@@ -216,7 +277,7 @@ def main() -> None:
     spec = start()
     t = Tally(spec.get("lat_every", 64))
     rss: list[tuple[float, int]] = []
-    if spec["mode"] == "sync":
+    if spec["mode"] in ("sync", "sync_array"):
         stats = run_sync(spec, t)
     else:
         backend, options = LOOPS[spec["loop"]]

@@ -42,4 +42,68 @@ struct kinds {
 	__u16 matrix[2][3];	/* {{1, 2, 3}, {4, 5, 6}} */
 };
 
+/* --- Decoded values that mean the same, whatever the decoder (docs/decoding.md) ---
+ * emit_variety outputs two samples of struct variety (values below; sample 1
+ * differs where noted); tests mirror it as a ctypes structure and compare.
+ */
+
+enum run_state {
+	IDLE = 0,
+	RUNNING = 1,
+};
+
+union word {
+	__u32 u;	/* 0xfffffffe */
+	__s32 s;	/* -2 */
+	__u8 b[4];	/* fe ff ff ff */
+};
+
+typedef struct {
+	__u16 lo;	/* 1 */
+	__u16 hi;	/* 2 */
+} pair_t;		/* a typedef of an anonymous struct */
+
+/* sizeof 112, align 8; data[] at 112. Samples: 112 + 3 and 112 + 10 bytes output. */
+struct variety {
+	char c;			/* 'A' (65) */
+	char neg;		/* -2 */
+	__u8 u8s[4];		/* de ad be ef */
+	unsigned char uchars[4];	/* 01 02 03 04 */
+	signed char schars[4];	/* ff fe 7f 80 */
+	char names[2][8];	/* "ab", "cdefghij" (8 chars, no NUL) */
+	union word word;
+	struct {		/* anonymous: its members are the struct's own */
+		__u32 pid;	/* 4242 */
+		__u32 tid;	/* 4243 */
+	};
+	union {			/* anonymous union */
+		__u64 addr;	/* 0x1122334455667788 */
+		__u32 halves[2];
+	};
+	__u32 *ptr;		/* 0xdeadbeef00 */
+	void *nothing;		/* NULL */
+	__u32 from;		/* 1: named like Python keywords */
+	__u32 in;		/* 2 */
+	__u32 async;		/* 3 */
+	__u32 None;		/* 4 */
+	__u32 __pad;		/* 5: a leading underscore */
+	enum run_state st;		/* RUNNING; sample 1: 7, which the enum does not name */
+	pair_t pair;
+	__u32 len;		/* 3; sample 1: 10 */
+	__u64 seq;		/* 0; sample 1: 1 */
+	__u8 data[];		/* "xyz"; sample 1: "0123456789" */
+};
+
+typedef struct variety variety_t;
+
+/* emit_short outputs the first N bytes (config) of this struct; the ring held
+ * 0xab bytes there before (emit_filler), and the kernel pads without clearing.
+ */
+struct shorty {
+	__u64 seq;		/* 7 */
+	__u64 ts;		/* 8 */
+	__u32 x;		/* 9 */
+	__u32 last;		/* 0x44332211: its first bytes are the ones output */
+};
+
 #endif /* APERF_KINDS_H */

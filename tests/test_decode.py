@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import json
 import os
+import pickle
 import struct
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 import aperf
 from aperf import _libbpf as lb
 from aperf.testing import Producer, object_path
 
-from .conftest import run_until, take
+from .conftest import BPF_DIR, run_until, take
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 CPU = sorted(os.sched_getaffinity(0))[-1]
+BENCH_OBJECT = BPF_DIR / "bench_getpid.bpf.o"  # bench_sample32: the producer's layout
 
 
 class Head(ctypes.Structure):
@@ -254,3 +258,183 @@ async def test_tracer_event_decoded_from_btf_matches_the_kernel_bytes(tracefs: N
     exec_event, exit_event = (e.value for e in mine)
     assert exec_event.ppid == os.getpid() and exec_event.filename.endswith("sh")
     assert exit_event.exit_code == 5 and exit_event.duration_ns > 0
+
+
+# --- decoded values that mean the same, whatever the decoder (kinds.h: struct variety) -----
+
+
+class Word(ctypes.Union):
+    _fields_ = (("u", ctypes.c_uint32), ("s", ctypes.c_int32), ("b", ctypes.c_uint8 * 4))
+
+
+class PairT(ctypes.Structure):
+    _fields_ = (("lo", ctypes.c_uint16), ("hi", ctypes.c_uint16))
+
+
+class Ids(ctypes.Structure):
+    _fields_ = (("pid", ctypes.c_uint32), ("tid", ctypes.c_uint32))
+
+
+class Either(ctypes.Union):
+    _fields_ = (("addr", ctypes.c_uint64), ("halves", ctypes.c_uint32 * 2))
+
+
+class Variety(ctypes.Structure):
+    """A ctypes mirror of struct variety, written the way a user would."""
+
+    _anonymous_ = ("ids", "either")
+    _fields_ = (
+        ("c", ctypes.c_char), ("neg", ctypes.c_char), ("u8s", ctypes.c_uint8 * 4),
+        ("uchars", ctypes.c_ubyte * 4), ("schars", ctypes.c_byte * 4),
+        ("names", (ctypes.c_char * 8) * 2), ("word", Word), ("ids", Ids), ("either", Either),
+        ("ptr", ctypes.POINTER(ctypes.c_uint32)), ("nothing", ctypes.c_void_p),
+        ("from", ctypes.c_uint32), ("in", ctypes.c_uint32), ("async", ctypes.c_uint32),
+        ("None", ctypes.c_uint32), ("__pad", ctypes.c_uint32), ("st", ctypes.c_uint32),
+        ("pair", PairT), ("len", ctypes.c_uint32), ("seq", ctypes.c_uint64),
+        ("data", ctypes.c_uint8 * 0),
+    )
+
+
+EXPECTED = {  # what emit_variety writes (kinds.h), as every decoder must give it
+    "c": 65, "neg": -2, "u8s": b"\xde\xad\xbe\xef", "uchars": b"\x01\x02\x03\x04",
+    "schars": b"\xff\xfe\x7f\x80", "names": ("ab", "cdefghij"),
+    "word": (0xFFFFFFFE, -2, b"\xfe\xff\xff\xff"), "pid": 4242, "tid": 4243,
+    "addr": 0x1122334455667788, "halves": (0x55667788, 0x11223344), "ptr": 0xDEADBEEF00,
+    "nothing": 0, "from_": 1, "in_": 2, "async_": 3, "None_": 4, "pad_": 5,
+    "pair": (1, 2),
+}
+TAILS = [b"xyz\0", b"0123456789\0\0"]  # 112 + 3 -> 116 and 112 + 10 -> 124 bytes, padded
+
+
+def emit(obj: aperf.BPFObject, program: str, buffer: aperf.PerfBuffer[Any]) -> int:
+    assert lb.test_run_on_cpu(obj.programs[program].fd, CPU) == 0, program
+    return buffer.consume()
+
+
+def test_btf_typedef_and_ctypes_decoders_give_equal_values() -> None:
+    with aperf.BPFObject(object_path("kinds")) as obj:
+        obj.load()
+        decoders: dict[str, Any] = {
+            "btf": "variety", "typedef": "variety_t", "ctypes": Variety,
+        }
+        values: dict[str, list[Any]] = {}
+        for name, decoder in decoders.items():
+            got: list[aperf.Sample] = []
+            with aperf.PerfBuffer(obj.maps["samples"], pages=1, decoder=decoder,
+                                  on_sample=got.append) as pb:
+                assert emit(obj, "emit_variety", pb) == 2
+            values[name] = [s.value for s in got]
+            assert [len(s.data) for s in got] == [116, 124]
+    for name, (first, second) in values.items():
+        for field, expected in EXPECTED.items():
+            assert getattr(first, field) == expected, (name, field)
+            assert getattr(second, field) == expected, (name, field)
+        assert (first.len, first.seq, first.data) == (3, 0, TAILS[0]), name
+        assert (second.len, second.seq, second.data) == (10, 1, TAILS[1]), name
+        assert first.st == 1 and second.st == 7
+    assert values["btf"] == values["typedef"] == values["ctypes"]  # every field, nested too
+    btf = values["btf"][0]
+    assert type(btf).__name__ == "variety" and type(btf.pair).__name__ == "pair_t"
+    assert type(values["typedef"][0]).__name__ == "variety"  # the struct's own name
+    assert btf.names == ("ab", "cdefghij") and btf.word.s == -2
+    # BTF knows the enum: its field is always a member of enum run_state.
+    first_st, second_st = values["btf"][0].st, values["btf"][1].st
+    assert type(first_st) is type(second_st) and type(first_st).__name__ == "run_state"
+    assert first_st.name == "RUNNING" and second_st.name is None and second_st == 7
+
+
+def test_kernel_written_records_pickle_and_turn_into_json() -> None:
+    with aperf.BPFObject(object_path("kinds")) as obj:
+        obj.load()
+        got: list[aperf.Sample] = []
+        with aperf.PerfBuffer(obj.maps["samples"], pages=1, decoder="variety",
+                              on_sample=got.append) as pb:
+            emit(obj, "emit_variety", pb)
+    for sample in got:
+        assert pickle.loads(pickle.dumps(sample)) == sample
+        assert pickle.loads(pickle.dumps(sample.value.st)) is sample.value.st or (
+            sample.value.st.name is None)
+    doc = json.loads(json.dumps(aperf.decoders.jsonable(got[1].value)))
+    assert doc["word"] == {"u": 0xFFFFFFFE, "s": -2, "b": "feffffff"}
+    assert doc["names"] == ["ab", "cdefghij"] and doc["pair"] == {"lo": 1, "hi": 2}
+    assert doc["st"] == 7 and doc["data"] == TAILS[1].hex() and doc["from_"] == 1
+    assert aperf.decoders.jsonable(got[0].value)["st"] == "RUNNING"
+
+
+def test_arrays_from_btf_and_ctypes_hold_the_same_columns() -> None:
+    arrays: dict[str, list[aperf.SampleArray]] = {}
+    with aperf.BPFObject(object_path("kinds")) as obj:
+        obj.load()
+        for name, decoder in (("btf", "variety"), ("ctypes", Variety)):
+            got: list[Any] = []
+            with aperf.PerfBuffer(obj.maps["samples"], pages=1, decoder=decoder,
+                                  on_array=got.append) as pb:
+                assert emit(obj, "emit_variety", pb) == 2
+            arrays[name] = got
+    (btf,), (cty,) = arrays["btf"], arrays["ctypes"]
+    assert btf.values.dtype == cty.values.dtype
+    assert btf.values.tobytes() == cty.values.tobytes()
+    assert list(btf.tails) == list(cty.tails) == TAILS
+    rows = btf.values
+    assert rows["pid"].tolist() == [4242, 4242] and rows["from_"].tolist() == [1, 1]
+    assert rows["word"]["s"].tolist() == [-2, -2] and rows["c"].tolist() == [65, 65]
+    assert rows["names"].tolist() == [[b"ab", b"cdefghij"]] * 2
+    assert rows["st"].tolist() == [1, 7] and rows["len"].tolist() == [3, 10]
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+def test_samples_a_few_bytes_short_decode_with_stale_bytes_in_the_last_field(
+    columnar: bool,
+) -> None:
+    """struct shorty is 24 bytes; output 21-23 bytes, the kernel pads the sample to 28
+    with whatever the ring held there (0xab, written by emit_filler), not zeros."""
+    with aperf.BPFObject(object_path("kinds")) as obj:
+        obj.load()
+        got: list[Any] = []
+        sizes = obj.maps["short_size"]
+        callback = {"on_array": got.append} if columnar else {"on_sample": got.append}
+        with aperf.PerfBuffer(obj.maps["samples"], pages=1, decoder="shorty",
+                              on_decode_error=got.append, **callback) as pb:
+            # A 4088-byte record fills the one-page ring: the next ones land on its bytes.
+            assert emit(obj, "emit_filler", pb) == 1
+            got.clear()
+            for size in (21, 22, 23, 24, 20):
+                sizes.update(struct.pack("<I", 0), struct.pack("<I", size))
+                assert lb.test_run_on_cpu(obj.programs["emit_short"].fd, CPU) == 0
+            assert pb.consume() == 5
+    if columnar:
+        rows, bad = got
+        lasts = rows.values["last"].tolist()
+        assert rows.values["seq"].tolist() == [7] * 4 and rows.values["x"].tolist() == [9] * 4
+    else:
+        *samples, bad = got
+        lasts = [s.value.last for s in samples]
+        assert all(len(s.data) == 28 and (s.value.seq, s.value.x) == (7, 9) for s in samples)
+    assert lasts == [0xABABAB11, 0xABAB2211, 0xAB332211, 0x44332211]
+    # 4 bytes short is 20 bytes after padding: too short for the struct, a decode error.
+    assert isinstance(bad, aperf.BadSample) and len(bad.data) == 20
+
+
+async def test_arrays_of_a_live_stream_count_every_sample(producer: Producer) -> None:
+    """The producer flat out into small rings: every sample is in an array or counted lost."""
+    n = 200_000
+    with aperf.BPFObject(BENCH_OBJECT) as bench:
+        decoder = aperf.decoders.from_btf(bench, "bench_sample32")
+    async with aperf.PerfStream(producer.map, pages=64, decoder=decoder) as stream:
+        thread = producer.spawn(n, size=32, cpu=CPU, then_flush=True)
+        seqs: list[Any] = []
+        lost = 0
+        with anyio.fail_after(30):
+            async for item in stream.arrays():
+                if isinstance(item, aperf.SampleArray):
+                    assert item.cpu == CPU
+                    seqs.append(item.values["seq"])
+                else:
+                    assert isinstance(item, aperf.Lost)
+                    lost += item.count
+                if sum(map(len, seqs)) + lost >= n + 1:
+                    break
+        await anyio.to_thread.run_sync(thread.join)
+    got = np.concatenate(seqs)
+    assert (np.diff(got) > 0).all()  # ring order, no duplicate
+    assert len(got) + lost == n + 1 == producer.counters().ok + producer.counters().failed

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 import aperf
-from aperf._perf_format import PerfRing, split_span
+from aperf._perf_format import PerfRing, Run, payloads_of, split_span
 from aperf.testing import FakeRingMemory, encode_lost, encode_sample
 
 
@@ -62,9 +62,11 @@ def test_runs_between_lost_records_and_mixed_sizes() -> None:
     segments, other = split_span(0, span)
     payloads = [struct.pack("<Q", i) + b"\0" * 4 for i in range(5)]
     odd = b"x" * 30 + b"\0" * 6  # padded to round_up(30 + 4, 8) - 4
-    assert segments[:2] == [(payloads[:3], True), 9]
+    # The first run stays in the span: 3 records of 24 bytes, payloads 12 bytes in.
+    assert segments[:2] == [Run(span, 0, 3, 24, 12, 12), 9]
+    assert payloads_of(segments[0]) == payloads[:3]  # type: ignore[arg-type]
     # However the rest is cut, the payloads come out in ring order.
-    flat = [p for seg in segments if not isinstance(seg, int) for p in seg[0]]
+    flat = [p for seg in segments if not isinstance(seg, int) for p in payloads_of(seg)]
     assert flat == [*payloads, odd]
     assert other == 0
 
@@ -90,10 +92,11 @@ def test_split_matches_record_by_record_parsing(seed: int) -> None:
         if isinstance(seg, int):
             flat.append(seg)
         else:
-            assert seg[0], "no empty runs"
-            if seg[1]:
-                assert len({len(p) for p in seg[0]}) == 1
-            flat.extend(seg[0])
+            payloads = payloads_of(seg)
+            assert payloads, "no empty runs"
+            if isinstance(seg, Run) or seg[1]:
+                assert len({len(p) for p in payloads}) == 1
+            flat.extend(payloads)
     assert flat == expected
 
 

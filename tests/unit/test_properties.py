@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import aperf
-from aperf._perf_format import PerfRing, split_span
+from aperf._perf_format import PerfRing, payloads_of, split_span
 from aperf._reader import Reader
 from aperf._source import RingConfig
 from aperf.testing import FakeRingMemory, FakeRingSource, encode_lost, encode_sample
@@ -52,7 +52,7 @@ def test_corrupted_record_streams_keep_what_precedes_the_damage(
 @given(st.lists(records, min_size=1, max_size=40))
 def test_intact_record_streams_parse_in_order(parts: list[bytes]) -> None:
     segments, _ = split_span(0, b"".join(parts))
-    flat = [p for s in segments for p in ([s] if isinstance(s, int) else s[0])]
+    flat = [p for s in segments for p in ([s] if isinstance(s, int) else payloads_of(s))]
     assert len(flat) == sum(1 for p in parts if struct.unpack_from("<I", p)[0] in (2, 9))
 
 

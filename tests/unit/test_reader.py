@@ -118,6 +118,24 @@ def test_drain_clock_relaxes_when_idle_and_tightens_on_traffic() -> None:
     assert reader.deadline == pytest.approx(clock.now + 0.002)
 
 
+def test_a_tick_skips_a_ring_its_wakeup_drained_and_keeps_the_bound() -> None:
+    reader, src, clock = make(wakeup=aperf.Wakeup.watermark(1 << 20, max_latency=0.002))
+    clock.now = reader.deadline  # 100.002: both rings looked at
+    reader.tick()
+    clock.now += 0.0015
+    src.write(0, Q.pack(1))
+    reader.on_ready(fd(src, 0))  # ring 0 drained at 100.0035 by its wakeup
+    src.write(0, Q.pack(2))  # below the watermark: waits for a look
+    src.write(1, Q.pack(3))
+    clock.now = reader.deadline  # 100.004
+    assert reader.tick() == 1  # ring 1 only: ring 0 was drained 0.5 ms ago
+    assert src.pending_bytes(0) > 0
+    assert reader.deadline == pytest.approx(100.0035 + 0.002)  # ring 0's own bound
+    clock.now = reader.deadline
+    assert reader.tick() == 1  # sample 2, max_latency after ring 0's last drain
+    assert [s for _, s in seqs(reader.take(10))] == [1, 3, 2]
+
+
 def test_backpressure_parks_the_timer_and_is_not_idleness() -> None:
     wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2)
     reader, src, clock = make(cpus=[0], wakeup=wakeup, max_pending=10)

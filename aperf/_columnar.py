@@ -1,0 +1,147 @@
+"""Columnar batches: NumPy structured arrays straight from the spans a reader took.
+
+A run of identical sample records (``_perf_format.Run``) becomes a strided view
+of the copied span: ``numpy.frombuffer(span, dtype, count, offset)`` with a
+dtype whose itemsize is the record size and whose fields skip the record
+header and the padding, so no Python code runs per sample. Samples parsed one
+by one (mixed sizes, a struct with a flexible array member) are joined and
+gathered in one NumPy operation. Imported only when a consumer asks for arrays:
+``import aperf`` never imports NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+
+from ._decode import SizedDecoder
+from ._events import Sample, SampleArray, Tails
+from ._layout import byte_order, dtype_spec
+from ._perf_format import PerfRecords, Run, Segment, split_span, uniform_run_end
+
+_CHECKS_PER_SPAN = 8  # NumPy checks of a span; then the pure parser (see _RunFinder)
+_U8, _U4 = np.dtype("<u8"), np.dtype("<u4")
+
+
+class _RunFinder:
+    """``_perf_format.split_span``'s ``run_end`` for one span, at C speed: where the run
+    of records identical to the one at ``pos`` ends (``pos`` if fewer than two are in
+    line). The 12 header bytes of every record after it are compared at once (an 8-byte
+    and a 4-byte column), and any difference ends the run, exactly there.
+
+    Each check costs the rest of the span, so a span cut into many runs (an overloaded
+    ring: lost record, sample, lost record...) would cost its length squared: after a
+    few checks the rest of the span goes to the pure parser.
+    """
+
+    __slots__ = ("checks",)
+
+    def __init__(self) -> None:
+        self.checks = _CHECKS_PER_SPAN
+
+    def __call__(self, span: bytes, pos: int, size: int, end: int) -> int:
+        count = (end - pos) // size
+        if count < 2:
+            return pos
+        if size % 8 or self.checks <= 0:  # perf records are 8-aligned; others: pure
+            return uniform_run_end(span, pos, size, end)
+        self.checks -= 1
+        step = size // 8
+        heads = np.frombuffer(span, _U8, count * step, pos)[::step]  # type, misc, size
+        raws = np.frombuffer(span, _U4, count * step * 2, pos)[2 :: step * 2]  # raw size
+        differ = (heads != heads[0]) | (raws != raws[0])
+        if not differ.any():
+            return pos + count * size
+        same = int(differ.argmax())
+        return pos + same * size if same >= 2 else pos
+
+
+def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+    """One check with ``_RunFinder`` (for tests)."""
+    return _RunFinder()(span, pos, size, end)
+
+
+class Columns:
+    """Makes ``aperf.SampleArray`` items for one decoder."""
+
+    def __init__(self, decoder: object) -> None:
+        if not isinstance(decoder, SizedDecoder) or decoder.layout is None:
+            raise TypeError(
+                "columnar batches need a decoder with a layout: a BTF struct name, "
+                "aperf.decoders.from_btf(...), a ctypes.Structure or a struct.Struct "
+                f"(not {decoder!r})"
+            )
+        self.decoder = decoder
+        self.size = decoder.size
+        self.has_tail = decoder.tail is not None
+        self._spec = dtype_spec(decoder.layout, byte_order(decoder.struct.format),
+                                size=decoder.size)
+        self.dtype: np.dtype[Any] = np.dtype(cast(Any, self._spec))
+        self._strided: dict[tuple[int, int], np.dtype[Any]] = {}
+
+    @staticmethod
+    def split_for(records: Any) -> Callable[[int, bytes], tuple[list[Segment], int]]:
+        """The format's split, with runs found by NumPy where the format is perf's."""
+        split: Callable[[int, bytes], tuple[list[Segment], int]] = records.split
+        if isinstance(records, PerfRecords):
+            return lambda key, span: split_span(key, span, _RunFinder())
+        return split
+
+    def strided_dtype(self, stride: int, skip: int) -> np.dtype[Any]:
+        """The decoder's fields ``skip`` bytes into records of ``stride`` bytes."""
+        key = (stride, skip)
+        dtype = self._strided.get(key)
+        if dtype is None:
+            spec = self._spec
+            dtype = self._strided[key] = np.dtype({
+                "names": spec["names"], "formats": spec["formats"],
+                "offsets": [offset + skip for offset in spec["offsets"]], "itemsize": stride,
+            })
+        return dtype
+
+    def from_run(self, key: int, run: Run, first: int, stop: int) -> SampleArray:
+        """Records ``first`` to ``stop`` of a run (each long enough), viewed in place."""
+        count = stop - first
+        at = run.start + first * run.stride
+        values = np.frombuffer(run.span, self.strided_dtype(run.stride, run.skip), count, at)
+        tails = None
+        if self.has_tail:
+            starts = at + run.skip + self.size + np.arange(count, dtype=np.int64) * run.stride
+            tails = Tails(run.span, starts, starts + (run.size - self.size))
+        source = Run(run.span, at, count, run.stride, run.skip, run.size)
+        return SampleArray(key, values, tails, _source=source)
+
+    def from_payloads(self, key: int, payloads: list[bytes]) -> SampleArray:
+        """Samples parsed one by one (each long enough): joined, then gathered at C speed."""
+        count = len(payloads)
+        lengths = np.fromiter(map(len, payloads), np.int64, count)
+        blob = b"".join(payloads)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        if count and lengths.min() == lengths.max():
+            values = np.frombuffer(blob, self.strided_dtype(int(lengths[0]), 0), count, 0)
+        else:
+            index = starts[:, None] + np.arange(self.size, dtype=np.int64)
+            values = np.frombuffer(blob, np.uint8)[index].view(self.dtype)[:, 0]
+            values.flags.writeable = False  # like the views: read-only
+        tails = Tails(blob, starts + self.size, ends) if self.has_tail else None
+        return SampleArray(key, values, tails, _source=payloads)
+
+    def too_short(self, payloads: list[bytes]) -> list[int]:
+        """Indexes of the payloads shorter than the decoder's fixed part."""
+        lengths = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        return [int(i) for i in np.flatnonzero(lengths < self.size)]
+
+    def from_samples(self, samples: list[Sample[Any]]) -> list[SampleArray]:
+        """Built samples (put back by a per-item consumer) as arrays, one per CPU run."""
+        out: list[SampleArray] = []
+        start = 0
+        for index in range(1, len(samples) + 1):
+            if index == len(samples) or samples[index].cpu != samples[start].cpu:
+                out.append(self.from_payloads(
+                    samples[start].cpu, [s.data for s in samples[start:index]]
+                ))
+                start = index
+        return out

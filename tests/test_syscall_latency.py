@@ -1,0 +1,94 @@
+"""The columnar example (examples/syscall_latency.py) on the real kernel: it must count a
+workload's syscalls exactly and place their latencies in the right log2 buckets."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from examples.syscall_latency import BUCKETS, DEFAULT_OBJECT, SyscallStats, watch
+
+from .conftest import REPO
+
+NR_GETPID, NR_CLOCK_NANOSLEEP = 39, 230  # x86-64
+GETPIDS, SLEEPS = 3000, 40  # 2 ms each: at least 2**21 ns... minus 97 us, so bucket >= 21
+WORKLOAD = f"""
+import os, sys, time
+sys.stdin.readline()
+for _ in range({GETPIDS}):
+    os.getpid()
+for _ in range({SLEEPS}):
+    time.sleep(0.002)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+@contextmanager
+def workload() -> Iterator[subprocess.Popen[str]]:
+    """A process that, once told, calls getpid() and sleeps a known number of times."""
+    with subprocess.Popen([sys.executable, "-c", WORKLOAD], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as proc:  # closes the pipes
+        try:
+            yield proc
+        finally:
+            proc.kill()
+
+
+def go(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "done"
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("tracefs")
+async def test_counts_and_latency_buckets_of_a_known_workload() -> None:
+    assert DEFAULT_OBJECT.exists(), "make -C bpf"
+    stats = SyscallStats()
+    with workload() as proc:
+        stop, ready = asyncio.Event(), asyncio.Event()
+        watching = asyncio.ensure_future(watch(stats, pid=proc.pid, stop=stop, ready=ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        await asyncio.to_thread(go, proc)
+        stop.set()
+        await asyncio.wait_for(watching, 10)
+    assert stats.lost == 0
+    # Every syscall of the loops, exactly, and only the workload's.
+    assert stats.pair_calls[proc.pid, NR_GETPID] == GETPIDS
+    assert stats.pair_calls[proc.pid, NR_CLOCK_NANOSLEEP] == SLEEPS
+    assert set(stats.calls) == {proc.pid} and stats.comms[proc.pid].startswith("python")
+    assert stats.samples == sum(stats.calls.values())
+    # A 2 ms sleep lasts at least 2**21 - 97152 ns: bucket 21 ([2**20, 2**21)) or above.
+    sleeps = stats.histogram[NR_CLOCK_NANOSLEEP]
+    assert sleeps.sum() == SLEEPS and sleeps[:21].sum() == 0 and len(sleeps) == BUCKETS
+    assert stats.percentile(NR_CLOCK_NANOSLEEP, 0.5) >= 2**21
+    assert stats.histogram[NR_GETPID].sum() == GETPIDS
+    assert stats.time_ns[NR_CLOCK_NANOSLEEP] >= SLEEPS * 2_000_000
+
+
+@pytest.mark.usefixtures("tracefs")
+def test_the_command_prints_the_workload_and_its_histogram() -> None:
+    with workload() as proc, subprocess.Popen(
+        [sys.executable, "-m", "examples.syscall_latency", "--pid", str(proc.pid),
+         "--seconds", "2", "--interval", "10", "--syscall", "getpid"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as cli:
+        try:
+            assert cli.stderr is not None
+            assert "watching process" in cli.stderr.readline()  # attached
+            go(proc)
+            out, err = cli.communicate(timeout=30)
+        finally:
+            cli.kill()
+    assert cli.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["PID", "COMM", "CALLS", "TOP", "SYSCALLS"]
+    assert lines[1].split()[0] == str(proc.pid) and f"getpid {GETPIDS}" in lines[1]
+    assert lines[2].startswith(f"getpid: {GETPIDS} calls")
