@@ -11,6 +11,11 @@ user passing a nursery. Inside it:
   runs the drain timer: it parks in a cancel scope whose deadline is the
   timer's (trio's own timeouts are cancel scopes too).
 
+Windows wait handles (eBPF for Windows, handle kind ``win32``) are watched by
+``_ebpfwin``'s ``TrioHandleWatcher`` in the same system task instead: worker
+threads wait on the handles, and ``on_ready`` (which resets the handle before
+the rings are read) runs on the trio thread for each firing.
+
 Why the watcher re-arms before the pump drains: trio waits with
 ``EPOLLONESHOT`` and re-arms with ``EPOLL_CTL_MOD``, and the kernel polls the
 fd at that moment. A perf event fd clears its readiness when polled, so a
@@ -27,6 +32,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import trio
 
@@ -46,8 +52,11 @@ class TrioBinding:
     warns_on_unfinished_generators = True
 
     def __init__(self, kind: HandleKind) -> None:
-        if kind != "fd":
+        if kind not in ("fd", "win32"):
             raise AperfError(f"the trio binding cannot wait on {kind} handles")
+        self._kind = kind
+        self._handles: Any = None  # win32: the TrioHandleWatcher, once the task runs
+        self._error: BaseException | None = None  # win32: a failed wait, for the consumer
         self._token = trio.lowlevel.current_trio_token()
         # The run's clock object can be read from any thread (statistics() may be);
         # trio.current_time() only inside the run.
@@ -79,11 +88,29 @@ class TrioBinding:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for fd in list(self._fds):
-                    nursery.start_soon(self._watch_one, fd)
+                if self._kind == "win32":
+                    from ._ebpfwin._trio import TrioHandleWatcher
+
+                    self._handles = TrioHandleWatcher(nursery, self._failed)
+                    self._handles.watch(list(self._fds), self._handle_fired)
+                    self._look = True  # as after a first arm: look at every ring once
+                else:
+                    for fd in list(self._fds):
+                        nursery.start_soon(self._watch_one, fd)
                 await self._pump_loop()
                 nursery.cancel_scope.cancel()
         self._nursery = None
+
+    def _handle_fired(self, handle: int) -> None:
+        # On the trio thread, before the worker waits again: on_ready resets the
+        # manual-reset handle, then reads (a deferred reset would spin the wait).
+        if handle in self._fds:
+            self._on_ready(handle)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self.wake()
 
     async def _watch_one(self, fd: int) -> None:
         wait_readable = trio.lowlevel.wait_readable
@@ -155,7 +182,9 @@ class TrioBinding:
             self._acknowledge = acknowledge
         new = [fd for fd in handles if fd not in self._fds]
         self._fds.update(new)
-        if self._nursery is not None:
+        if self._handles is not None:
+            self._handles.watch(new, self._handle_fired)
+        elif self._nursery is not None:
             for fd in new:
                 self._nursery.start_soon(self._watch_one, fd)
         self._spawn()
@@ -164,6 +193,9 @@ class TrioBinding:
         if handle in self._fds:
             self._fds.discard(handle)
             self._ready.pop(handle, None)
+            if self._handles is not None:
+                self._handles.forget(handle)
+                return
             with contextlib.suppress(RuntimeError):  # not inside the run any more
                 trio.lowlevel.notify_closing(handle)
 
@@ -184,7 +216,13 @@ class TrioBinding:
             self._waiter = None
             return _SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        if self._error is None:
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        else:
+            self._waiter = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def wake(self) -> None:
         task = self._waiter
@@ -222,6 +260,11 @@ class TrioBinding:
         self._at = None
         if not self._inside_run():
             return  # the run is over: its tasks and fd registrations are gone
+        handles, self._handles = self._handles, None
+        if handles is not None:
+            handles.stop()  # returns once no thread waits on a handle: they close next
+            self._scope.cancel()
+            return
         for fd in fds:
             # Unregister from trio's epoll now: the fds are closed right after this.
             trio.lowlevel.notify_closing(fd)

@@ -1,16 +1,17 @@
 """Columnar batches on FakeRingSource, without root: arrays hold exactly what per-item
 iteration yields, in the same order, with lost notices and bad samples in place, under
-every guarantee of batches() (backpressure, put-back, close, cancellation)."""
+every guarantee of batches() (backpressure, put-back, close, cancellation). The async
+tests run on asyncio, uvloop and trio (the anyio_backend fixture of conftest.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import struct
 import subprocess
 import sys
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from hypothesis import given
@@ -57,7 +58,8 @@ async def take_arrays(stream: aperf.PerfStream[Any], rows: int, **kw: Any) -> li
             if len(flatten(out)) >= rows:
                 return
 
-    await asyncio.wait_for(consume(), 5)
+    with anyio.fail_after(5):
+        await consume()
     return out
 
 
@@ -74,7 +76,7 @@ def fill(src: FakeRingSource) -> list[Any]:
     return expected
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_arrays_hold_what_per_item_iteration_yields() -> None:
     per_item: list[Any] = []
     arrays: list[Any] = []
@@ -102,7 +104,7 @@ async def test_arrays_hold_what_per_item_iteration_yields() -> None:
     assert runs[0].values.dtype.itemsize == 32 and runs[0].values.dtype.fields["seq"][1] == 12
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_lost_notices_keep_their_place() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=4096, exact_lost=False)
     async with aperf.PerfStream(src, decoder=DECODER) as stream:
@@ -115,7 +117,7 @@ async def test_lost_notices_keep_their_place() -> None:
     ]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_max_rows_cuts_arrays_and_keeps_order() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
     async with aperf.PerfStream(src, decoder=DECODER) as stream:
@@ -125,7 +127,7 @@ async def test_max_rows_cuts_arrays_and_keeps_order() -> None:
     assert flatten(items) == [(0, i) for i in range(1000)]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_decode_error_policies_for_arrays() -> None:
     for policy in ("skip", "raise"):
         src = FakeRingSource(cpus=[0], ring_bytes=4096)
@@ -147,7 +149,7 @@ async def test_decode_error_policies_for_arrays() -> None:
             assert stream.statistics().decode_errors == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_consumer_that_stops_loses_nothing_whatever_it_switches_to() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
     async with aperf.PerfStream(src, decoder=DECODER) as stream:
@@ -164,12 +166,12 @@ async def test_a_consumer_that_stops_loses_nothing_whatever_it_switches_to() -> 
     assert flatten(got) == [(0, i) for i in range(600)]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_backpressure_counts_rows_and_loses_nothing_that_fitted() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
     async with aperf.PerfStream(src, decoder=DECODER, max_pending=100) as stream:
         written = [write(src, cpu, 0, 128) for cpu in (0, 1)]
-        await asyncio.sleep(0.05)  # the readiness callbacks: one ring fills the queue
+        await anyio.sleep(0.05)  # the readiness callbacks: one ring fills the queue
         stats = stream.statistics()
         assert stats.paused and stats.pending == 128
         assert sorted(src.pending_bytes(cpu) for cpu in (0, 1)) == [0, 128 * 32]
@@ -183,7 +185,7 @@ async def test_backpressure_counts_rows_and_loses_nothing_that_fitted() -> None:
     assert stats.samples == sum(written)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_callback_mode_puts_back_what_follows_a_failure() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
     seen: list[Any] = []
@@ -200,37 +202,39 @@ async def test_callback_mode_puts_back_what_follows_a_failure() -> None:
         for first in (0, 10, 20):  # three drains: three arrays
             write(src, 0, first, 10)
             stream.flush()
-        with pytest.raises(RuntimeError, match="consumer bug"):
-            await asyncio.wait_for(stream.run(), 5)
-        runner = asyncio.ensure_future(stream.run())
-        while len(flatten(seen)) < 20:
-            await asyncio.sleep(0.01)
-        await stream.aclose()
-        await asyncio.wait_for(runner, 5)
+        with pytest.raises(RuntimeError, match="consumer bug"), anyio.fail_after(5):
+            await stream.run()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.run)  # returns once the stream is closed
+                while len(flatten(seen)) < 20:
+                    await anyio.sleep(0.01)
+                await stream.aclose()
     # The failing array is the callback's; the one after it was put back and handed over.
     assert flatten(seen) == [(0, i) for i in range(10)] + [(0, i) for i in range(20, 30)]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_coroutine_callbacks_are_awaited() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=4096)
     seen: list[int] = []
 
     async def on_array(array: aperf.SampleArray) -> None:
-        await asyncio.sleep(0)
+        await anyio.sleep(0)
         seen.extend(int(s) for s in array.values["seq"])
 
     async with aperf.PerfStream(src, decoder=DECODER, on_array=on_array) as stream:
         write(src, 0, 0, 50)
-        runner = asyncio.ensure_future(stream.run())
-        while len(seen) < 50:
-            await asyncio.sleep(0.01)
-        await stream.aclose()
-        await asyncio.wait_for(runner, 5)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.run)
+                while len(seen) < 50:
+                    await anyio.sleep(0.01)
+                await stream.aclose()
     assert seen == list(range(50))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_hands_over_what_the_rings_hold_then_ends() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
     stream = aperf.PerfStream(src, decoder=DECODER, wakeup=aperf.Wakeup.every(1000))
@@ -242,15 +246,14 @@ async def test_close_hands_over_what_the_rings_hold_then_ends() -> None:
     assert sorted(flatten(items)) == sorted([(0, i) for i in range(7)] + [(1, i) for i in range(3)])
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_cancelling_a_waiting_consumer_loses_nothing() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=4096)
     async with aperf.PerfStream(src, decoder=DECODER) as stream:
-        waiting = asyncio.ensure_future(take_arrays(stream, 1))
-        await asyncio.sleep(0.05)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
+        got: list[Any] = []
+        with anyio.move_on_after(0.05) as scope:  # cancels the waiting consumer
+            got += await take_arrays(stream, 1)
+        assert scope.cancelled_caught and got == []
         write(src, 0, 0, 5)
         assert flatten(await take_arrays(stream, 5)) == [(0, i) for i in range(5)]
 
@@ -272,7 +275,7 @@ class Event(ctypes.Structure):
                 ("size", ctypes.c_uint32), ("data", ctypes.c_uint8 * 0))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_flexible_array_member_is_each_samples_tail() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 14)
     payloads = [struct.pack("<Q4sI", i, b"ab", n) + bytes(range(n)) for i, n in
@@ -311,7 +314,7 @@ def test_arrays_need_a_decoder_with_a_layout() -> None:
         aperf.PerfStream(src, decoder=QQ, on_array=print, on_sample=print)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_arrays_refuse_bad_arguments_at_the_call() -> None:
     async with aperf.PerfStream(FakeRingSource(cpus=[0]), decoder=None) as stream:
         with pytest.raises(TypeError, match="decoder with a layout"):
@@ -388,7 +391,7 @@ def test_numpy_runs_end_exactly_at_a_different_record() -> None:
     assert [type(s).__name__ for s in segments] == ["Run", "tuple", "Run"]  # (payloads, False)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_items_waiting_in_front_count_as_their_samples() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 14)
     async with aperf.PerfStream(src, decoder=DECODER) as stream:

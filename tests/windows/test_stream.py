@@ -1,7 +1,8 @@
-"""aperf's public API on "Windows": PerfStream (asyncio and uvloop, through the
-waiter-thread binding) and PerfBuffer (WaitForMultipleObjects), on the stand-in
-ebpfapi.dll, with ``sys.platform`` set to "win32" so that a map fd resolves to
-the eBPF for Windows source as it would on Windows.
+"""aperf's public API on "Windows": PerfStream (asyncio and uvloop through the
+waiter-thread binding, trio through its binding's handle watcher) and PerfBuffer
+(WaitForMultipleObjects), on the stand-in ebpfapi.dll, with the platform aperf
+sees set to "win32" so that a map fd resolves to the eBPF for Windows source as
+it would on Windows.
 
 Exactness: for every CPU, samples written = delivered + lost, and what was
 delivered is exactly what the producer wrote, in order.
@@ -11,17 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import sys
 import threading
+import types
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
+import sniffio
+import trio
 
 import aperf
 from aperf._ebpfwin import WindowsPerfSource
 from aperf._loops import ThreadedHandleBinding
+from aperf._trio import TrioBinding
 
 from .conftest import FakeEbpf
 
@@ -33,7 +38,9 @@ SEQ = struct.Struct("<Q16x")  # 24-byte samples: 32-byte records on a Windows ri
 
 @pytest.fixture
 def on_windows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(sys, "platform", "win32")
+    # Only where aperf picks the source: the event loops (uvloop, trio) must keep
+    # seeing Linux, or they would start their Windows I/O.
+    monkeypatch.setattr(aperf._setup, "sys", types.SimpleNamespace(platform="win32"))
     yield
 
 
@@ -85,10 +92,17 @@ async def read_until(stream: aperf.PerfStream[Any], tally: Tally, total: int) ->
             if tally.total() >= total:
                 return
 
-    await asyncio.wait_for(consume(), 20)
+    with anyio.fail_after(20):
+        await consume()
 
 
-@pytest.mark.asyncio
+def expected_binding() -> type:
+    """What waits on the handle off Windows: a waiter thread on asyncio, trio's binding
+    (worker threads) on trio."""
+    return TrioBinding if sniffio.current_async_library() == "trio" else ThreadedHandleBinding
+
+
+@pytest.mark.anyio
 async def test_stream_delivers_or_counts_every_sample(
     fake: FakeEbpf, perf_map: int, on_windows: None
 ) -> None:
@@ -96,7 +110,7 @@ async def test_stream_delivers_or_counts_every_sample(
     tally = Tally()
     async with aperf.PerfStream(perf_map, decoder=SEQ) as stream:
         assert isinstance(stream._options.source, WindowsPerfSource)
-        assert isinstance(stream._loop, ThreadedHandleBinding)  # no Proactor off Windows
+        assert isinstance(stream._loop, expected_binding())  # no Proactor off Windows
         producers = [Producer(fake, perf_map, cpu) for cpu in (0, 1)]
         for p in producers:
             p.run(300)  # the loop does not run meanwhile: 128 fit, 172 are dropped
@@ -104,7 +118,7 @@ async def test_stream_delivers_or_counts_every_sample(
         threads = [p.spawn(n - 300) for p in producers]  # then while the stream reads
         await read_until(stream, tally, 2 * n)
         for thread in threads:
-            await asyncio.to_thread(thread.join)
+            await anyio.to_thread.run_sync(thread.join)
         stats = stream.statistics()
     for cpu, p in enumerate(producers):
         assert tally.seqs[cpu] == p.written  # exactly what was written, in order
@@ -116,7 +130,7 @@ async def test_stream_delivers_or_counts_every_sample(
     assert stats.wakeups > 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_callback_mode_and_batches(fake: FakeEbpf, perf_map: int, on_windows: None) -> None:
     got: list[tuple[int, int]] = []
     lost: list[aperf.Lost] = []
@@ -124,14 +138,14 @@ async def test_callback_mode_and_batches(fake: FakeEbpf, perf_map: int, on_windo
         perf_map, decoder=SEQ, wakeup="throughput",  # a threshold: ignored, every record wakes
         on_sample=lambda s: got.append((s.cpu, s.value[0])), on_lost=lost.append,
     )
-    async with stream:
-        runner = asyncio.create_task(stream.run())
+    async with stream, anyio.create_task_group() as tg:
+        tg.start_soon(stream.run)  # returns once the stream is closed
         for seq in range(100):
             assert fake.output(perf_map, seq % 2, SEQ.pack(seq))
-        while len(got) < 100:
-            await asyncio.sleep(0.001)
+        with anyio.fail_after(5):
+            while len(got) < 100:
+                await anyio.sleep(0.001)
         await stream.aclose()
-        await asyncio.wait_for(runner, 5)
     assert sorted(got) == sorted((seq % 2, seq) for seq in range(100))
     assert [s for c, s in got if c == 0] == list(range(0, 100, 2))
     assert not lost
@@ -148,43 +162,49 @@ async def test_callback_mode_and_batches(fake: FakeEbpf, perf_map: int, on_windo
     assert [SEQ.unpack(e.data)[0] for b in batches for e in b] == list(range(10))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_from_another_thread_while_waiting(
     fake: FakeEbpf, perf_map: int, on_windows: None
 ) -> None:
+    counted: list[int] = []
     async with aperf.PerfStream(perf_map) as stream:
-        async def consume() -> int:
+        async def consume() -> None:
             count = 0
             async for _ in stream:
                 count += 1
-            return count
+            counted.append(count)
 
-        consumer = asyncio.create_task(consume())
-        for seq in range(30):
-            fake.output(perf_map, 0, SEQ.pack(seq))
-        handle = stream._options.source.wait_handle  # type: ignore[attr-defined]
-        # Wait until the waiter thread is parked on the handle again.
-        await asyncio.to_thread(fake.wait_until, lambda: fake.waiters(handle) == 1)
-        closer = threading.Thread(target=stream.close)
-        closer.start()
-        assert await asyncio.wait_for(consumer, 5) == 30
-        await asyncio.to_thread(closer.join)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                for seq in range(30):
+                    fake.output(perf_map, 0, SEQ.pack(seq))
+                handle = stream._options.source.wait_handle  # type: ignore[attr-defined]
+                # Wait until the waiter thread is parked on the handle again.
+                await anyio.to_thread.run_sync(
+                    fake.wait_until, lambda: fake.waiters(handle) == 1
+                )
+                closer = threading.Thread(target=stream.close)
+                closer.start()
+        assert counted == [30]
+        await anyio.to_thread.run_sync(closer.join)
     # The fixture checks that the handle was not closed under the waiter thread.
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_open_close_many_times_leaves_nothing(
     fake: FakeEbpf, perf_map: int, on_windows: None
 ) -> None:
     for i in range(50):
         async with aperf.PerfStream(perf_map) as stream:
             fake.output(perf_map, i % 2, SEQ.pack(i))
-            event = await asyncio.wait_for(anext(stream), 5)
+            with anyio.fail_after(5):
+                event = await anext(stream)
             assert SEQ.unpack(event.data)[0] == i
     # The fixture checks handles, fds and perf buffers.
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_options_that_mean_nothing_on_windows(
     fake: FakeEbpf, perf_map: int, on_windows: None
 ) -> None:
@@ -195,7 +215,8 @@ async def test_options_that_mean_nothing_on_windows(
     # A wakeup watermark is accepted and ignored: every record signals the handle.
     async with aperf.PerfStream(perf_map, wakeup=aperf.Wakeup.watermark(2048)) as stream:
         fake.output(perf_map, 0, SEQ.pack(7))
-        event = await asyncio.wait_for(anext(stream), 5)
+        with anyio.fail_after(5):
+            event = await anext(stream)
         assert SEQ.unpack(event.data)[0] == 7
 
 
@@ -209,6 +230,18 @@ async def test_a_failed_wait_reaches_the_consumer(fake: FakeEbpf) -> None:
     assert failed.value.function == "WaitForMultipleObjects"  # type: ignore[attr-defined]
     assert failed.value.winerror == 6  # type: ignore[attr-defined]
     binding.stop()
+
+
+def test_a_failed_wait_reaches_the_trio_consumer(fake: FakeEbpf) -> None:
+    async def main() -> None:
+        binding = TrioBinding("win32")
+        binding.watch([4000], lambda handle: None)  # no such handle: the wait fails
+        with pytest.raises(aperf.AperfError) as failed, trio.fail_after(5):
+            await binding.wait()
+        assert failed.value.function == "WaitForMultipleObjects"  # type: ignore[attr-defined]
+        binding.stop()
+
+    trio.run(main)
 
 
 # --- PerfBuffer ------------------------------------------------------------------------
