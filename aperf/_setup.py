@@ -41,8 +41,12 @@ SourceSpec = RingSource | MapSource
 _C_NAME = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
 
 
+_SOURCE_METHODS = ("open", "free", "after_fork", "acknowledge", "records", "handle_kind")
+
+
 def is_ring_source(value: object) -> bool:
-    return all(hasattr(value, a) for a in ("open", "free", "acknowledge", "records", "handle_kind"))
+    """Whether ``value`` has the shape of a RingSource (``_source.py``)."""
+    return all(hasattr(value, a) for a in _SOURCE_METHODS)
 
 
 def resolve_source(spec: object) -> RingSource:
