@@ -8,7 +8,6 @@ order, exactly once. The rings' fds are their readiness handles.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import platform
@@ -233,15 +232,11 @@ class PerfEventArraySource(MapBackedSource):
     def after_fork(self) -> None:
         """In a child process: close this process's fds only (see PerfRings.forget_after_fork)."""
         rings, self._rings = self._rings, None
-        if rings is not None:
-            rings.forget_after_fork()
-        with _claims_lock:
-            _claims.pop(self._claimed, None)
-        self._claimed = 0
-        fd, self._map_fd = self._map_fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        try:
+            if rings is not None:
+                rings.forget_after_fork()
+        finally:
+            self._release_map()
 
     def free(self) -> None:
         """Drop the ring views, free the rings (fds closed, slots deleted), release our map fd."""
@@ -250,7 +245,11 @@ class PerfEventArraySource(MapBackedSource):
             if rings is not None:
                 rings.free()
         finally:
-            self._release_claim()
-            fd, self._map_fd = self._map_fd, -1
-            if fd >= 0:
-                os.close(fd)
+            self._release_map()
+
+    def _release_map(self) -> None:
+        """Give up the claim on the map and close our fd of it."""
+        self._release_claim()
+        fd, self._map_fd = self._map_fd, -1
+        if fd >= 0:
+            os.close(fd)
