@@ -37,7 +37,7 @@ from aperf.fleet import (
     JetStreamSink,
     create_stream,
 )
-from aperf.fleet._gaps import Hole, SourceTrack
+from aperf.fleet._gaps import Hole, SourceTrack, Verdict
 from aperf.fleet._wire import Framer, parse
 from aperf.fleet.testing import NatsServer, nats_server_path
 from aperf.testing import Producer
@@ -209,14 +209,15 @@ def test_without_nats_py_the_import_error_names_the_extra() -> None:
 
 def test_sequence_tracking_reports_each_hole_once_and_exactly() -> None:
     track = SourceTrack()
-    # (first, count, samples_before, lost_before, samples, lost)
-    assert track.add(10, 5, 100, 7, 5, 0)  # a new reader starts mid-stream: floor 10
-    assert track.add(15, 1, 105, 7, 0, 3)  # a Lost notice of 3
-    assert not track.add(10, 5, 100, 7, 5, 0)  # a redelivery
-    assert track.add(30, 4, 120, 20, 4, 0)  # 16..29 missing for now (a retry may still come)
+    new, dup = Verdict.NEW, Verdict.DUPLICATE
+    # (first, count, samples_before, lost_before, samples, lost), no tags
+    assert track.add(10, 5, 100, 7, 5, 0) is new  # a new reader starts mid-stream: floor 10
+    assert track.add(15, 1, 105, 7, 0, 3) is new  # a Lost notice of 3
+    assert track.add(10, 5, 100, 7, 5, 0) is dup  # a redelivery
+    assert track.add(30, 4, 120, 20, 4, 0) is new  # 16..29 missing for now (a retry may come)
     assert track.holes_below(29) == []  # not yet settled: the hole reaches 30
-    assert track.add(20, 2, 110, 12, 2, 0)  # a retry arrives late, out of order
-    assert track.add(5, 2, 0, 0, 2, 0)  # before this reader's floor: yielded, not tracked
+    assert track.add(20, 2, 110, 12, 2, 0) is new  # a retry arrives late, out of order
+    assert track.add(5, 2, 0, 0, 2, 0) is new  # before this reader's floor: not tracked
     assert track.holes_below(30) == [Hole(16, 4, 5, 2), Hole(22, 8, 8, 8)]
     assert track.holes_below(34) == []  # reported once
     assert track.end(40, 200, 30) == [Hole(34, 6, 76, 10)]

@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
 
 from .._log import log
+from ._args import url_problem
 from ._errors import FleetConfigError
 
 Servers = str | Sequence[str]
@@ -39,6 +40,11 @@ def server_list(servers: object) -> list[str]:
         or not all(isinstance(s, str) and s for s in servers)
     ):
         raise TypeError(f"servers must be a NATS URL or a list of them, not {servers!r}")
+    for url in servers:
+        problem = url_problem(url)
+        if problem:
+            shown = _without_password(url)
+            raise FleetConfigError("servers", f"{shown!r} is not a NATS URL: {problem}")
     return list(servers)
 
 

@@ -9,7 +9,8 @@ from typing import Any, NamedTuple
 
 class FleetEvent(NamedTuple):
     """One event of one host's stream: ``event`` is an [`aperf.Sample`][aperf.Sample],
-    [`aperf.Lost`][aperf.Lost], [`aperf.BadSample`][aperf.BadSample] or [`Gap`][aperf.fleet.Gap]."""
+    [`aperf.Lost`][aperf.Lost], [`aperf.BadSample`][aperf.BadSample], [`Gap`][aperf.fleet.Gap],
+    or a [`Malformed`][aperf.fleet.Malformed] notice."""
 
     host: str
     stream: str
@@ -26,6 +27,29 @@ class Gap(NamedTuple):
     count: int  # type: ignore[assignment]  # shadows tuple.count, as aperf.Lost does
     samples: int
     lost: int
+
+
+class Malformed(NamedTuple):
+    """A message on ``subject`` (stored at ``stream_sequence`` in the JetStream stream)
+    that this reader did not hand out as events, and why; or, for a conflict, one it
+    did hand out though it may be forged.
+
+    Yielded in the stream, in order, as ``FleetEvent(host, stream, Malformed(...))``
+    where ``host`` and ``stream`` are the subject's tokens (``aperf.<host>.<stream>``;
+    empty if the subject has another shape): the subject is the identity NATS
+    permissions enforce, never what the payload claims. Counted in
+    [`ReaderStatistics`][aperf.fleet.ReaderStatistics]: ``malformed`` (not a
+    version-2 aperf.fleet message, or inconsistent), ``refused`` (well-formed, but its
+    host or stream disagrees with its subject, or it fails its sink run's chain of
+    tags: forged), ``conflicts`` (handed out, but it claims events that another
+    message claims too, or the chain later showed events handed out to be forged).
+    The message is acknowledged once the notice is handed out: it never blocks the
+    durable consumer.
+    """
+
+    subject: str
+    stream_sequence: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -71,3 +95,5 @@ class ReaderStatistics:
     duplicates: int
     malformed: int
     sources: int
+    refused: int = 0
+    conflicts: int = 0

@@ -18,12 +18,45 @@ Holes above the watermark may still fill: a retry after a reconnect can be
 stored after later messages, so such messages arrive out of order and are simply
 yielded when they come. Ranges below the first one seen are not tracked: a new
 reader on a durable consumer starts wherever the previous one stopped.
+
+The chain. Every message carries its own tag and a commitment to the next
+message's tag (``_wire.py``); only the sink can answer that commitment. A range
+is *checked* when its first message answered the commitment of a checked range
+below it (the first message this reader sees of a source is trusted: trust on
+first use). So:
+
+- a message that continues a checked range but does not answer its commitment is
+  forged: refused (a forger claiming a live sink's next sequence numbers);
+- a checked range whose last commitment the range above it does not answer shows
+  that range to be forged: it is reported (it was handed out) and forgotten, so
+  the genuine events it claimed are accepted when they come;
+- a message over events a checked range holds is a duplicate (whoever sent it,
+  it hides nothing); one over an unchecked range that is not a copy of that
+  range's first message conflicts with it: handed out, and reported.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 from typing import NamedTuple
+
+from ._wire import commit
+
+
+class Verdict(enum.Enum):
+    NEW = "new"  # unseen events: hand them out
+    DUPLICATE = "duplicate"  # events seen already
+    FORGED = "forged"  # fails its run's chain: refuse
+    CONFLICT = "conflict"  # overlaps an unchecked range: hand out, and report
+
+
+class Exposed(NamedTuple):
+    """A range handed out earlier that the chain shows to be forged."""
+
+    first: int
+    count: int  # type: ignore[assignment]
+    origin: int  # the JetStream stream sequence of its first message
 
 
 class Hole(NamedTuple):
@@ -34,13 +67,18 @@ class Hole(NamedTuple):
 
 
 class _Range:
-    """Seen events ``start .. end-1``, with the cumulative counters at both ends."""
+    """Seen events ``start .. end-1``, with the cumulative counters at both ends, the
+    tag of its first message and the commitment of its last."""
 
-    __slots__ = ("end", "lost_end", "lost_start", "samples_end", "samples_start", "start")
+    __slots__ = (
+        "checked", "end", "end_commit", "lost_end", "lost_start", "origin", "samples_end",
+        "samples_start", "start", "start_tag",
+    )
 
     def __init__(
         self, start: int, end: int, samples_start: int, lost_start: int, samples_end: int,
-        lost_end: int,
+        lost_end: int, start_tag: bytes | None = None, end_commit: bytes | None = None,
+        checked: bool = True, origin: int = 0,
     ) -> None:
         self.start = start
         self.end = end
@@ -48,6 +86,15 @@ class _Range:
         self.lost_start = lost_start
         self.samples_end = samples_end
         self.lost_end = lost_end
+        self.start_tag = start_tag
+        self.end_commit = end_commit
+        self.checked = checked
+        self.origin = origin
+
+    def leads_to(self, tag: bytes | None) -> bool:
+        """Whether a message tagged ``tag`` answers this range's last commitment (the
+        bookkeeping's own tests use no tags: then it always does)."""
+        return tag is None or self.end_commit is None or commit(tag) == self.end_commit
 
 
 class SourceTrack:
@@ -57,41 +104,106 @@ class SourceTrack:
         self._ranges: list[_Range] = []
         self._starts: list[int] = []
         self.floor: int | None = None
+        self.exposed: list[Exposed] = []
 
     def add(
         self, first: int, count: int, samples_before: int, lost_before: int, samples: int,
-        lost: int,
-    ) -> bool:
-        """Record a message; False if its events were already seen (a duplicate)."""
+        lost: int, tag: bytes | None = None, next_commit: bytes | None = None,
+        origin: int = 0, redelivered: bool = False,
+    ) -> Verdict:
+        """Record a message (``tag`` and ``next_commit`` from its header, ``origin`` its
+        stream sequence); ranges the chain shows forged are left in ``exposed``."""
+        self.exposed = []
         end = first + count
+        new = _Range(first, end, samples_before, lost_before, samples_before + samples,
+                     lost_before + lost, tag, next_commit, False, origin)
         if self.floor is None:
             self.floor = first
-        elif first < self.floor:
-            return True  # before this reader's time: handed out, not tracked
+            new.checked = True  # trust on first use
+            self._ranges.append(new)
+            self._starts.append(first)
+            return Verdict.NEW
+        if first < self.floor:
+            return Verdict.NEW  # before this reader's time: handed out, not tracked
+        ranges = self._ranges
         i = bisect.bisect_right(self._starts, first) - 1
-        if i >= 0:
-            r = self._ranges[i]
-            if first < r.end:
-                return False
-        new = _Range(first, end, samples_before, lost_before, samples_before + samples,
-                     lost_before + lost)
-        self._ranges.insert(i + 1, new)
+        lower = ranges[i] if i >= 0 and ranges[i].end == first else None
+        over: list[int] = []  # the ranges it overlaps
+        k = max(i, 0)
+        while k < len(ranges) and ranges[k].start < end:
+            if ranges[k].end > first:
+                over.append(k)
+            k += 1
+        if over:
+            r = ranges[over[0]]
+            if redelivered or (first == r.start and tag == r.start_tag):
+                return Verdict.DUPLICATE  # a copy of a message seen
+            if any(ranges[k].checked for k in over):
+                return Verdict.DUPLICATE  # over genuine events: whoever sent it, hides nothing
+            if not (lower is not None and lower.checked and tag is not None
+                    and lower.leads_to(tag)):
+                return Verdict.CONFLICT
+            # It answers a checked range: genuine, so what it overlaps is forged.
+            for k in reversed(over):
+                self.exposed.append(
+                    Exposed(ranges[k].start, ranges[k].end - ranges[k].start, ranges[k].origin)
+                )
+                del ranges[k]
+                del self._starts[k]
+            self.exposed.reverse()
+        if lower is not None and not lower.leads_to(tag):
+            if lower.checked:
+                return Verdict.FORGED
+            lower = None  # which of the two is forged is not known yet: kept apart
+        elif lower is not None:
+            new.checked = lower.checked
+        ranges.insert(i + 1, new)
         self._starts.insert(i + 1, first)
-        self._merge_at(i + 1)
-        if i >= 0:
+        at = i + 1
+        if lower is not None:
             self._merge_at(i)
-        return True
+            at = i
+        self._link_up(at)
+        return Verdict.NEW
 
-    def end(self, total: int, samples_total: int, lost_total: int) -> list[Hole]:
-        """The sink's end of stream: every event before ``total`` is settled; the holes left."""
+    def _link_up(self, i: int) -> None:
+        """Range i has just grown: join it to the range above if that one starts where
+        it ends and answers its commitment; a checked range not answered is exposed."""
+        ranges = self._ranges
+        if i + 1 >= len(ranges) or ranges[i].end != ranges[i + 1].start:
+            return
+        low, high = ranges[i], ranges[i + 1]
+        if low.leads_to(high.start_tag):
+            if low.checked or not high.checked:  # never taint a checked range
+                high.checked = low.checked
+                self._merge_at(i)
+        elif low.checked:
+            self.exposed.append(Exposed(high.start, high.end - high.start, high.origin))
+            del ranges[i + 1]
+            del self._starts[i + 1]
+
+    def end(
+        self, total: int, samples_total: int, lost_total: int, tag: bytes | None = None
+    ) -> list[Hole] | None:
+        """The sink's end of stream: every event before ``total`` is settled; the holes
+        left. None if the end of stream cannot be the sink's (it fails the chain, or
+        ends before events already seen)."""
+        self.exposed = []
         if self.floor is None or total < self.floor:
             return []
-        i = bisect.bisect_right(self._starts, total) - 1
-        if self._ranges[i].end != total:
-            self._ranges.insert(
-                i + 1, _Range(total, total, samples_total, lost_total, samples_total, lost_total)
+        ranges = self._ranges
+        if total < ranges[-1].end:
+            return None
+        last = ranges[-1]
+        if last.end == total:
+            if last.checked and not last.leads_to(tag):
+                return None
+        else:
+            ranges.append(
+                _Range(total, total, samples_total, lost_total, samples_total, lost_total,
+                       tag, None, False)
             )
-            self._starts.insert(i + 1, total)
+            self._starts.append(total)
         return self.holes_below(total)
 
     def _merge_at(self, i: int) -> None:
@@ -100,6 +212,7 @@ class SourceTrack:
         if i + 1 < len(ranges) and ranges[i].end == ranges[i + 1].start:
             a, b = ranges[i], ranges[i + 1]
             a.end, a.samples_end, a.lost_end = b.end, b.samples_end, b.lost_end
+            a.end_commit = b.end_commit
             del ranges[i + 1]
             del self._starts[i + 1]
 
@@ -109,11 +222,13 @@ class SourceTrack:
         ranges = self._ranges
         while len(ranges) > 1 and ranges[1].start <= watermark:
             a, b = ranges[0], ranges[1]
-            holes.append(
-                Hole(a.end, b.start - a.end, b.samples_start - a.samples_end,
-                     b.lost_start - a.lost_end)
-            )
+            if b.start > a.end:  # (two ranges that meet but were kept apart: no hole)
+                holes.append(
+                    Hole(a.end, b.start - a.end, b.samples_start - a.samples_end,
+                         b.lost_start - a.lost_end)
+                )
             a.end, a.samples_end, a.lost_end = b.end, b.samples_end, b.lost_end
+            a.end_commit = b.end_commit
             del ranges[1]
             del self._starts[1]
         return holes

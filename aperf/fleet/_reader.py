@@ -37,14 +37,15 @@ from .._log import log
 from ._args import check_int, check_name, check_seconds
 from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, Servers, connect, server_list, stream_info
 from ._errors import FleetClosedError, FleetConfigError, FrameError
-from ._events import FleetEvent, Gap, ReaderStatistics
-from ._gaps import Hole, SourceTrack
-from ._wire import BAD, END, SAMPLES, Frame, parse
+from ._events import FleetEvent, Gap, Malformed, ReaderStatistics
+from ._gaps import Hole, SourceTrack, Verdict
+from ._wire import BAD, END, SAMPLES, Frame, parse, subject_token
 
 Decoder = Callable[[bytes], Any]
 DecoderChoice = Decoder | Mapping[str, Decoder | None] | None
 _Key = tuple[str, str, int]  # host, stream, epoch
-_Done = tuple[Msg, tuple[_Key, int]]  # a message, and which one, once its events are out
+_Which = tuple[Any, ...]  # (key, first, tag) of a message, or ("notice", stream sequence)
+_Done = tuple[Msg, _Which]  # a message, and which one, once its events are out
 _RETRY_PAUSE = 0.2  # seconds between fetches while the server is away
 _NEVER = 1 << 62
 _tuple_new = tuple.__new__
@@ -61,6 +62,8 @@ class _Counts:
     gap_lost: int = 0
     duplicates: int = 0
     malformed: int = 0
+    refused: int = 0
+    conflicts: int = 0
 
 
 class FleetReader:
@@ -114,6 +117,7 @@ class FleetReader:
         self._jetstream = jetstream
         self._durable = durable
         self._subject = subject or f"{subject_prefix}.>"
+        self._prefix = subject_prefix
         self._decoder = decoder
         self._connect_options = dict(connect_options or {})
         self._nc: Client | None = None
@@ -128,7 +132,7 @@ class FleetReader:
         self._queued = 0
         self._handed = 0
         self._next_end = _NEVER
-        self._held_messages: set[tuple[_Key, int]] = set()
+        self._held_messages: set[_Which] = set()
         self._to_ack: list[_Done] = []
         self._closed = False
         self._n = _Counts()
@@ -285,41 +289,97 @@ class FleetReader:
             await self._accept(msg)
 
     async def _accept(self, msg: Msg) -> None:
+        # Every message is untrusted: whatever any NATS user may publish on the
+        # subjects reaches this point. What cannot be used is acknowledged (once its
+        # notice is handed out), counted and announced, never raised.
         self._n.messages += 1
+        try:
+            meta = msg.metadata
+            seq, redelivered = meta.sequence.stream, meta.num_delivered > 1
+        except (ValueError, IndexError, AttributeError):  # not a JetStream delivery
+            seq, redelivered = 0, False
         try:
             frame = parse(msg.data)
         except FrameError as exc:
             self._n.malformed += 1
-            log.warning("fleet reader: not an aperf.fleet message", subject=msg.subject,
-                        error=str(exc))
-            await msg.term()
+            self._notice(msg, seq, str(exc))
+            return
+        subject = f"{self._prefix}.{subject_token(frame.host)}.{subject_token(frame.stream)}"
+        if msg.subject != subject:
+            self._n.refused += 1
+            self._notice(msg, seq, f"it claims host {frame.host!r} and stream {frame.stream!r}, "
+                         f"whose subject is {subject!r}")
             return
         key = (frame.host, frame.stream, frame.epoch)
         track = self._sources.get(key)
         if track is None:
             track = self._sources[key] = SourceTrack()
         if frame.kind == END:
-            self._hand_gaps(frame, track.end(frame.first, frame.samples_before, frame.lost_before))
+            holes = track.end(frame.first, frame.samples_before, frame.lost_before, frame.tag)
+            if holes is None:
+                self._n.refused += 1
+                self._notice(msg, seq, f"an end of stream at {frame.first} that its run's "
+                             "chain of tags or the events already seen contradict")
+                return
+            self._hand_gaps(frame, holes)
             await msg.ack()
             return
         lost = frame.lost
-        if not track.add(
-            frame.first, frame.count, frame.samples_before, frame.lost_before, frame.samples, lost
-        ):
+        verdict = track.add(
+            frame.first, frame.count, frame.samples_before, frame.lost_before, frame.samples,
+            lost, frame.tag, frame.next, seq, redelivered,
+        )
+        for exposed in track.exposed:
+            self._n.conflicts += 1
+            last = exposed.first + exposed.count - 1
+            self._notice(None, exposed.origin, f"events {exposed.first}..{last} of run "
+                         f"{frame.epoch:016x}, handed out earlier, were forged: the run's "
+                         "chain of tags leads elsewhere", subject)
+        which = (key, frame.first, frame.tag)
+        if verdict is Verdict.DUPLICATE:
             self._n.duplicates += 1
-            if (key, frame.first) not in self._held_messages:
+            if which not in self._held_messages:
                 await msg.ack()  # else the first copy is acknowledged when handed out
+            return
+        if verdict is Verdict.FORGED:
+            self._n.refused += 1
+            self._notice(msg, seq, f"events from {frame.first} of run {frame.epoch:016x} that "
+                         "do not follow the run's chain of tags: forged")
             return
         self._hand_gaps(frame, track.holes_below(frame.watermark))
         events = self._build(frame)
         self._n.samples += frame.samples
         self._n.lost += lost
         self._hold(frame, events)
-        which = (key, frame.first)
+        if verdict is Verdict.CONFLICT:
+            self._n.conflicts += 1
+            last = frame.first + frame.count - 1
+            self._notice(None, seq, f"events {frame.first}..{last} of run {frame.epoch:016x}, "
+                         "just handed out, overlap events another message claimed: one of "
+                         "the two is forged", subject)
+        self._held_messages.add(which)
+        self._end_at(msg, which)
+
+    def _end_at(self, msg: Msg, which: _Which) -> None:
+        """``msg`` is acknowledged once the events held so far are handed out."""
         self._ends.append((self._queued, (msg, which)))
         if len(self._ends) == 1:
             self._next_end = self._queued
-        self._held_messages.add(which)
+
+    def _notice(self, msg: Msg | None, seq: int, reason: str, subject: str | None = None) -> None:
+        """Hold a Malformed notice; ``msg`` is acknowledged once it is handed out."""
+        subject = msg.subject if msg is not None else subject or ""
+        log.debug("fleet reader: message not used", subject=subject, stream_sequence=seq,
+                  reason=reason)
+        host, stream = "", ""
+        if subject.startswith(self._prefix + "."):
+            tokens = subject[len(self._prefix) + 1 :].split(".")
+            if len(tokens) == 2:
+                host, stream = tokens
+        self._held.append(FleetEvent(host, stream, Malformed(subject, seq, reason)))
+        self._queued += 1
+        if msg is not None:
+            self._end_at(msg, ("notice", seq, id(msg)))
 
     def _hold(self, frame: Frame, events: list[Any]) -> None:
         # FleetEvents built at C speed: tuple.__new__ skips the named tuple's Python __new__.

@@ -9,8 +9,10 @@ it drops, and those ``Lost`` notices are forwarded, in order, once the window
 opens again. Memory is bounded by the window whatever the outage; nothing is
 buffered beyond it.
 
-Every message carries a ``Nats-Msg-Id`` (host, stream, epoch, first sequence
-number), so a retry of a message JetStream did store is de-duplicated. A message
+Every message carries a ``Nats-Msg-Id`` (host, stream, run id, first sequence
+number, and the message's tag: a keyed hash no one else can compute before the
+sink publishes), so a retry of a message JetStream did store is de-duplicated,
+and no third party can claim a message's id first to make JetStream drop it. A message
 is retried when its acknowledgement has not come within ``ack_timeout`` (doubling
 up to 8x), when JetStream answers with a temporary error, and, all of them in
 order, after every reconnection. A message is given up only when JetStream
@@ -248,7 +250,7 @@ class JetStreamSink:
         log.info("fleet sink closed", subject=self._subject, **_summary(self.statistics()))
 
     async def _publish_end(self, nc: Client, framer: Framer, timeout: float) -> None:
-        msg_id = f"{self._id_prefix}end"
+        msg_id = f"{self._id_prefix}end.{framer.tag(framer.next_seq).hex()}"
         try:
             await nc.request(
                 self._subject, framer.end(), timeout=min(timeout, self._ack_timeout),
@@ -348,7 +350,7 @@ class JetStreamSink:
         try:
             await nc.publish(
                 self._subject, out.payload, reply=f"{self._inbox}{out.first}",
-                headers={"Nats-Msg-Id": f"{self._id_prefix}{out.first}"},
+                headers={"Nats-Msg-Id": f"{self._id_prefix}{out.first}.{out.tag.hex()}"},
             )
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             pass  # down: all of the window is published again once reconnected

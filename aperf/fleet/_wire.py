@@ -3,14 +3,14 @@
 Sans-I/O: this module frames events into payloads and parses payloads back; it
 knows nothing of NATS. All integers are little-endian.
 
-Header (56 bytes, then the host and stream names)::
+Header (72 bytes, then the host and stream names)::
 
-    0  4s  magic b"APF1" (format version 1)
+    0  4s  magic b"APF2" (format version 2; version 1, b"APF1", is refused by name)
     4  B   kind: 1 samples, 2 lost notice, 3 bad sample, 4 end of stream
     5  B   H, length of the host name (UTF-8, 1..255 bytes)
     6  B   S, length of the stream name (UTF-8, 1..255 bytes)
     7  x   reserved, 0
-    8  Q   epoch: random, new for every sink, so sequence numbers never collide
+    8  Q   run: random, new for every sink, so sequence numbers never collide
     16 Q   first: sequence number of this message's first event (events count from 0)
     24 Q   watermark: every event before it was acknowledged by JetStream (or
            given up by the sink) when this message was framed
@@ -18,7 +18,12 @@ Header (56 bytes, then the host and stream names)::
     40 Q   lost_before: sum of the Lost counts in the events before ``first``
     48 I   count: events in this message
     52 I   runs: CPU runs in a samples body (0 otherwise)
-    56     host name (H bytes), stream name (S bytes)
+    56 8s  tag: this message's tag, a keyed hash of ``first`` under a key that never
+           leaves the sink; its ``Nats-Msg-Id`` ends with it (hex)
+    64 8s  next: ``blake2b-64(tag)`` of the message that follows this one (the one whose
+           ``first`` is this ``first + count``): a commitment a reader checks the next
+           message against, and that no one who only reads the stream can answer
+    72     host name (H bytes), stream name (S bytes)
 
 Bodies:
 
@@ -39,20 +44,24 @@ counts a hole in the sequence numbers held (see ``_gaps.py``).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import operator
+import os
 import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._errors import DecodeError
 from .._events import BadSample, Lost, Sample
-from ._args import MAX_NAME_BYTES, check_name
+from ._args import MAX_NAME_BYTES, check_name, name_problem
 from ._errors import FrameError
 
-MAGIC = b"APF1"
+MAGIC = b"APF2"
+OLD_MAGICS = {b"APF1": 1}  # earlier versions, refused with a message that names them
 SAMPLES, LOST, BAD, END = 1, 2, 3, 4
-HEADER = struct.Struct("<4sBBBxQQQQQII")
+HEADER = struct.Struct("<4sBBBxQQQQQII8s8s")
+TAG_BYTES = 8
 _RUN = struct.Struct("<II")
 _LOST = struct.Struct("<IQ")
 _BAD = struct.Struct("<IH")
@@ -75,6 +84,7 @@ class Outgoing(NamedTuple):
     samples: int
     lost: int
     payload: bytes
+    tag: bytes  # the message's tag: its Nats-Msg-Id ends with it
 
 
 class Frame(NamedTuple):
@@ -93,6 +103,8 @@ class Frame(NamedTuple):
     cpus: list[int]
     datas: list[bytes]
     events: list[Any]
+    tag: bytes
+    next: bytes  # commitment to the next message's tag: commit(next message's tag)
 
     @property
     def samples(self) -> int:
@@ -113,22 +125,32 @@ class Framer:
     """
 
     def __init__(
-        self, host: str, stream: str, epoch: int, *, max_events: int, max_bytes: int
+        self, host: str, stream: str, epoch: int, *, max_events: int, max_bytes: int,
+        key: bytes | None = None,
     ) -> None:
         self._host = check_name("host", host)
         self._stream = check_name("name", stream)
         self._names = self._host + self._stream
         self.epoch = epoch
+        # The tags' key never leaves this object: no one who reads the stream can tell
+        # the tag of a message before the sink publishes it.
+        self._key = key if key is not None else os.urandom(32)
         self._max_events = max_events
         self._max_bytes = max_bytes
         self.next_seq = 0
         self.samples_total = 0
         self.lost_total = 0
 
+    def tag(self, first: int) -> bytes:
+        """The tag of the message whose first event is ``first``: the same for every retry."""
+        return hashlib.blake2b(first.to_bytes(8, "little"), digest_size=TAG_BYTES,
+                               key=self._key).digest()
+
     def _header(self, kind: int, first: int, count: int, runs: int, watermark: int) -> bytes:
         return HEADER.pack(
             MAGIC, kind, len(self._host), len(self._stream), self.epoch, first, watermark,
-            self.samples_total, self.lost_total, count, runs,
+            self.samples_total, self.lost_total, count, runs, self.tag(first),
+            commit(self.tag(first + count)),
         ) + self._names
 
     def frame(self, events: Sequence[Any], watermark: int) -> list[Outgoing]:
@@ -162,7 +184,7 @@ class Framer:
         payload = self._header(kind, first, 1, 0, watermark) + body
         self.next_seq += 1
         self.lost_total += lost
-        return Outgoing(kind, first, 1, samples, lost, payload)
+        return Outgoing(kind, first, 1, samples, lost, payload, self.tag(first))
 
     def _frame_samples(
         self, events: Sequence[Any], start: int, watermark: int, out: list[Outgoing]
@@ -201,7 +223,7 @@ class Framer:
         ))
         self.next_seq += count
         self.samples_total += count
-        out.append(Outgoing(SAMPLES, first, count, count, 0, payload))
+        out.append(Outgoing(SAMPLES, first, count, count, 0, payload, self.tag(first)))
         return start + count
 
     def end(self) -> bytes:
@@ -218,51 +240,119 @@ def _runs(cpus: list[int]) -> list[int]:
     return runs
 
 
+def commit(tag: bytes) -> bytes:
+    """What a message says the next message's tag hashes to."""
+    return hashlib.blake2b(tag, digest_size=TAG_BYTES).digest()
+
+
 def parse(payload: bytes) -> Frame:
-    """Parse one message; raises ``FrameError`` if it is not a version-1 frame."""
-    if len(payload) < HEADER.size:
-        raise FrameError(f"a {len(payload)}-byte message is too short for an aperf.fleet header")
+    """Parse one message; raises ``FrameError`` if it is not a version-2 frame.
+
+    Untrusted input: every count is checked against the payload's length before
+    anything is allocated for it, so a message costs a small multiple of its size.
+    """
+    size = len(payload)
+    if size < HEADER.size:
+        if payload[:4] in OLD_MAGICS:
+            raise _old_version(payload[:4])
+        raise FrameError(f"a {size}-byte message is too short for an aperf.fleet header")
     (magic, kind, hlen, slen, epoch, first, watermark, samples_before, lost_before, count,
-     runs) = HEADER.unpack_from(payload)
+     runs, tag, next_tag) = HEADER.unpack_from(payload)
     if magic != MAGIC:
+        if magic in OLD_MAGICS:
+            raise _old_version(magic)
         raise FrameError(f"not an aperf.fleet message (magic {magic!r}, expected {MAGIC!r})")
     off = HEADER.size
-    try:
-        host = payload[off : off + hlen].decode("utf-8")
-        stream = payload[off + hlen : off + hlen + slen].decode("utf-8")
-        off += hlen + slen
-        cpus: list[int] = []
-        datas: list[bytes] = []
-        events: list[Any] = []
-        if kind == SAMPLES:
-            pairs = struct.unpack_from(f"<{2 * runs}I", payload, off)
-            off += 8 * runs
-            lengths = struct.unpack_from(f"<{count}H", payload, off)
-            off += 2 * count
-            for cpu, k in zip(pairs[::2], pairs[1::2], strict=True):
-                cpus.extend(itertools.repeat(cpu, k))
-            for size in lengths:
-                datas.append(payload[off : off + size])
-                off += size
-            if len(cpus) != count or off != len(payload):
-                raise FrameError("samples body does not match its header")
-        elif kind == LOST:
-            cpu, lost = _LOST.unpack_from(payload, off)
-            events.append(Lost(cpu, lost))
-        elif kind == BAD:
-            cpu, size = _BAD.unpack_from(payload, off)
-            off += _BAD.size
-            data = payload[off : off + size]
-            reason = payload[off + size :].decode("utf-8", "replace")
-            events.append(BadSample(cpu, data, DecodeError(cpu, data, reason)))
-        elif kind != END:
-            raise FrameError(f"unknown message kind {kind}")
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise FrameError(f"truncated or corrupt aperf.fleet message: {exc}") from None
+    if off + hlen + slen > size:
+        raise FrameError(f"names of {hlen} + {slen} bytes do not fit a {size}-byte message")
+    host = _name("host", payload[off : off + hlen])
+    stream = _name("stream", payload[off + hlen : off + hlen + slen])
+    off += hlen + slen
+    if watermark > first:
+        raise FrameError(f"watermark {watermark} is beyond the message's first event {first}")
+    cpus: list[int] = []
+    datas: list[bytes] = []
+    events: list[Any] = []
+    if kind == SAMPLES:
+        cpus, datas = _samples_body(payload, off, count, runs)
+    elif kind == LOST:
+        _expect(kind, count, runs, 1, size - off == _LOST.size)
+        cpu, lost = _LOST.unpack_from(payload, off)
+        events.append(Lost(cpu, lost))
+    elif kind == BAD:
+        _expect(kind, count, runs, 1, size - off >= _BAD.size)
+        cpu, length = _BAD.unpack_from(payload, off)
+        off += _BAD.size
+        if off + length > size:
+            raise FrameError(f"a bad sample of {length} bytes does not fit its message")
+        data = payload[off : off + length]
+        reason = payload[off + length :].decode("utf-8", "replace")
+        events.append(BadSample(cpu, data, DecodeError(cpu, data, reason)))
+    elif kind == END:
+        _expect(kind, count, runs, 0, size == off)
+        if watermark != first:
+            raise FrameError("an end of stream whose watermark is not its total")
+    else:
+        raise FrameError(f"unknown message kind {kind}")
     return Frame(
         kind, host, stream, epoch, first, watermark, samples_before, lost_before, count,
-        cpus, datas, events,
+        cpus, datas, events, tag, next_tag,
     )
+
+
+def _old_version(magic: bytes) -> FrameError:
+    return FrameError(
+        f"an aperf.fleet message of wire version {OLD_MAGICS[magic]} ({magic!r}): this "
+        f"reader reads version 2 ({MAGIC!r}) only; upgrade aperf on the sending host"
+    )
+
+
+def _name(what: str, raw: bytes) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrameError(f"the {what} name is not UTF-8") from None
+    problem = name_problem(text)
+    if problem:
+        raise FrameError(f"the {what} name {text!r} {problem}")
+    return text
+
+
+def _expect(kind: int, count: int, runs: int, events: int, fits: bool) -> None:
+    if count != events or runs != 0 or not fits:
+        raise FrameError(
+            f"a kind-{kind} message must hold {events} event(s), no runs and a body of its "
+            f"size; this one claims {count} events and {runs} runs"
+        )
+
+
+def _samples_body(payload: bytes, off: int, count: int, runs: int) -> tuple[list[int], list[bytes]]:
+    """The CPUs and bytes of a samples body, its tables checked against what is left."""
+    room = len(payload) - off
+    if count == 0 or not 1 <= runs <= count:
+        raise FrameError(f"a samples message must hold 1..{count or 1} runs of samples; this "
+                         f"one claims {count} samples in {runs} runs")
+    tables = _RUN.size * runs + 2 * count
+    if tables > room:  # checked before unpacking: the claim costs nothing
+        raise FrameError(
+            f"claims {count} samples in {runs} runs: {tables} bytes of tables, but only "
+            f"{room} bytes follow the header"
+        )
+    pairs = struct.unpack_from(f"<{2 * runs}I", payload, off)
+    off += _RUN.size * runs
+    ks = pairs[1::2]
+    if 0 in ks or sum(ks) != count:
+        raise FrameError(f"the runs of a samples message add up to {sum(ks)}, not {count}")
+    lengths = struct.unpack_from(f"<{count}H", payload, off)
+    off += 2 * count
+    if off + sum(lengths) != len(payload):
+        raise FrameError("samples body does not match its header")
+    cpus = list(itertools.chain.from_iterable(map(itertools.repeat, pairs[::2], ks)))
+    datas: list[bytes] = []
+    for length in lengths:
+        datas.append(payload[off : off + length])
+        off += length
+    return cpus, datas
 
 
 def subject_token(name: str) -> str:
