@@ -11,7 +11,8 @@ prints one line per event, as the tracer does, plus the host it came from::
 
 TIME is when this viewer handed the event out. Samples are decoded from the
 tracer object's BTF (``--object``; opened, never loaded, so no root is needed).
-Lost events and Gaps (events JetStream no longer holds) go to stderr. The
+Lost events, Gaps (events JetStream no longer holds) and messages the reader
+refused (``Malformed``: not aperf's, or forged) go to stderr. The
 durable consumer (``--durable``) remembers where the viewer stopped: a second
 run continues there. Create the JetStream stream once, before the tracers start:
 ``python -m aperf.fleet create-stream --nats URL``. Ctrl-C or SIGTERM stops it.
@@ -32,7 +33,7 @@ from aperf._trace.cli import FLEET_STREAM as TRACER  # the stream name tracers p
 from aperf._trace.cli import shipped_object, warn
 from aperf._trace.output import LineOutput
 from aperf._trace.render import HEADER, event_decoder, table_line
-from aperf.fleet import FleetConfigError, FleetReader, Gap
+from aperf.fleet import FleetConfigError, FleetReader, Gap, Malformed
 
 PROG = "fleet_view"
 HOST = "%-16s "
@@ -70,6 +71,8 @@ async def view(args: argparse.Namespace) -> int:
                     case Gap(samples=samples, lost=lost):
                         warn(f"{host}: {samples} events (and {lost} lost) were removed from "
                              "JetStream before this viewer read them")
+                    case Malformed(subject=subject, stream_sequence=seq, reason=reason):
+                        warn(f"{subject}: message {seq} not shown: {reason}")
         except asyncio.CancelledError:
             pass
         finally:

@@ -205,8 +205,8 @@ async def open_sink(args: argparse.Namespace) -> Any:
         from aperf.fleet import FleetConfigError, JetStreamSink
     except ImportError as exc:
         raise SetupError(str(exc)) from None
-    sink = JetStreamSink(args.nats, host=args.host, name=FLEET_STREAM)
     try:
+        sink = JetStreamSink(args.nats, host=args.host, name=FLEET_STREAM)
         await sink.open()
     except FleetConfigError as exc:
         raise SetupError(f"--nats: {exc}") from None
@@ -331,11 +331,32 @@ def parse_args(
             help="the host name published with --nats (default: this machine's)",
         )
     args = parser.parse_args(argv)
+    if fleet and args.nats is not None:
+        check_fleet_options(parser, args)
     if args.pages is None:
         args.pages = DEFAULT_RINGBUF_PAGES if args.ringbuf else DEFAULT_PAGES
     if args.object is None:
         args.object = ringbuf_object if args.ringbuf else default_object
     return args
+
+
+def check_fleet_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--nats`` and ``--host`` as the sink would take them; a mistake is one line and
+    status 2, like any bad option (without aperf[nats], open_sink says what is missing)."""
+    try:
+        from aperf.fleet._args import name_problem, url_problem
+    except ImportError:
+        return
+    problem = url_problem(args.nats)
+    if problem:
+        shown = args.nats if len(args.nats) <= 80 else args.nats[:80] + "..."
+        parser.exit(2, f"{parser.prog}: error: argument --nats: {shown!r} is not a NATS "
+                    f"URL: {problem}\n")
+    problem = name_problem(args.host)
+    if problem:
+        shown = args.host if len(args.host) <= 40 else args.host[:40] + "..."
+        parser.exit(2, f"{parser.prog}: error: argument --host: the host name {problem}: "
+                    f"{shown!r}\n")
 
 
 def configure_logging(verbose: bool) -> None:

@@ -10,7 +10,8 @@ Needs the ``nats`` extra: ``pip install 'aperf[nats]'``. See docs/fleet.md.
   durable consumer and yields [`FleetEvent`][aperf.fleet.FleetEvent]
   ``(host, stream, event)`` tuples: the same ``Sample``/``Lost``/``BadSample``
   events, decoded with the same decoders, and [`Gap`][aperf.fleet.Gap] notices
-  for anything JetStream no longer holds.
+  for anything JetStream no longer holds, and [`Malformed`][aperf.fleet.Malformed]
+  notices for messages it refused (not aperf's, or forged).
 - [`create_stream()`][aperf.fleet.create_stream] makes the JetStream stream both
   sides use.
 """
@@ -29,6 +30,7 @@ from ._errors import FleetError as FleetError
 from ._errors import FrameError as FrameError
 from ._events import FleetEvent as FleetEvent
 from ._events import Gap as Gap
+from ._events import Malformed as Malformed
 from ._events import ReaderStatistics as ReaderStatistics
 from ._events import SinkStatistics as SinkStatistics
 from ._reader import FleetReader as FleetReader
@@ -43,6 +45,7 @@ __all__ = [
     "FrameError",
     "Gap",
     "JetStreamSink",
+    "Malformed",
     "ReaderStatistics",
     "SinkStatistics",
     "create_stream",
