@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,9 +36,11 @@ from aperf.fleet import (
     FrameError,
     Gap,
     JetStreamSink,
+    Malformed,
     create_stream,
 )
 from aperf.fleet._gaps import Hole, SourceTrack, Verdict
+from aperf.fleet._wire import HEADER as WIRE_HEADER
 from aperf.fleet._wire import Framer, parse
 from aperf.fleet.testing import NatsServer, nats_server_path
 from aperf.testing import Producer
@@ -99,6 +102,7 @@ class Fleet:
         self.gap_samples: Counter[str] = Counter()
         self.gap_lost: Counter[str] = Counter()
         self.gaps: list[tuple[str, Gap]] = []
+        self.notices: list[tuple[str, str, Malformed]] = []
         self.order: list[str] = []
 
     def add(self, item: FleetEvent) -> None:
@@ -112,6 +116,8 @@ class Fleet:
             self.gaps.append((host, event))
             self.gap_samples[host] += event.samples
             self.gap_lost[host] += event.lost
+        elif isinstance(event, Malformed):
+            self.notices.append((host, item.stream, event))
         else:  # pragma: no cover - would be a bug
             raise AssertionError(f"unexpected event {item!r}")
 
@@ -598,6 +604,216 @@ class _closed_port:
     def __exit__(self, *exc: object) -> None:
         self._sock.close()
 
+
+
+# --- untrusted messages: forged, malformed, from a third connection ------------------------
+
+
+def v2_claim(count: int, run: int, runs: int = 1) -> bytes:
+    """A samples header claiming ``count`` samples, then one run of ``run`` samples."""
+    header = WIRE_HEADER.pack(b"APF2", 1, 1, 1, 7, 0, 0, 0, 0, count, runs, bytes(8), bytes(8))
+    return header + b"hs" + struct.pack("<II", 0, run)[: 8 * runs]
+
+
+def v1_claim(count: int, run: int, runs: int = 1) -> bytes:
+    """The same in wire version 1: with one run, the issue's 66-byte message."""
+    header = struct.pack("<4sBBBxQQQQQII", b"APF1", 1, 1, 1, 7, 0, 0, 0, 0, count, runs)
+    return header + b"hs" + struct.pack("<II", 0, run)[: 8 * runs]
+
+
+async def publish(url: str, *messages: tuple[str, bytes, str | None]) -> list[int]:
+    """Publish (subject, payload, Nats-Msg-Id) from a connection of its own, as anyone
+    allowed on the subject could; the stream sequence of each."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        seqs = []
+        for subject, payload, msg_id in messages:
+            headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+            ack = await js.publish(subject, payload, headers=headers)
+            assert not ack.duplicate
+            seqs.append(ack.seq)
+        return seqs
+    finally:
+        await nc.close()
+
+
+def forged(host: str, stream: str, epoch: int, first: int, seqs: range) -> bytes:
+    """A well-formed message of events ``first..`` holding samples numbered ``seqs``, as
+    a forger who read the stream (and knows the run id) frames it: its own tags."""
+    framer = Framer(host, stream, epoch, max_events=1024, max_bytes=1 << 20)
+    framer.next_seq = framer.samples_total = first
+    [out] = framer.frame([seq_sample(0, s) for s in seqs], watermark=first)
+    return out.payload
+
+
+@pytest.mark.asyncio
+async def test_messages_a_reader_cannot_use_are_announced_and_never_block_the_consumer(
+    nats_server: NatsServer,
+) -> None:
+    url = nats_server.url
+    await create_stream(url)
+    bad = [
+        (v2_claim(0, 1 << 28), "claims 0 samples in 1 runs"),  # the run table claims 2^28
+        (v2_claim(1 << 28, 1 << 28), "claims 268435456 samples"),
+        (v2_claim(0, (1 << 32) - 1), "claims 0 samples in 1 runs"),
+        (v1_claim(0, 1 << 28), "wire version 1"),  # 66 bytes: 2 GiB before the fix
+        (v2_claim(0, 0, runs=0), "claims 0 samples in 0 runs"),  # zero samples, no runs
+        (v1_claim(0, 0, runs=0), "wire version 1"),  # ValueError: min() before the fix
+        (b"not an aperf message", "too short"),
+    ]
+    seqs = await publish(url, *((("aperf.h.s", payload, None)) for payload, _ in bad))
+    assert len(bad[3][0]) == 66
+    async with JetStreamSink(url, host="h", name="s") as sink:
+        await sink.send([seq_sample(0, i) for i in range(10)])
+
+    # The first reader hands out one notice and stops: the rest goes to the next one.
+    async with FleetReader(url, durable="d", decoder=SEQ_TS, ack_wait=1.0) as first:
+        async for item in first:
+            assert item == FleetEvent("h", "s", Malformed("aperf.h.s", seqs[0], item.event.reason))
+            assert bad[0][1] in item.event.reason
+            break
+    got: list[FleetEvent] = []
+    tracemalloc.start()
+    try:
+        async with FleetReader(url, durable="d", decoder=SEQ_TS, ack_wait=1.0) as reader:
+            async for item in reader:
+                got.append(item)
+                if isinstance(item.event, aperf.Sample) and item.event.value.seq == 9:
+                    break
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    print(f"\nreading 6 forged messages and 10 samples: tracemalloc peak {peak} bytes")
+    assert peak < 4 << 20  # 2 GiB before the fix
+    notices = [e for _, _, e in got if isinstance(e, Malformed)]
+    assert [(n.subject, n.stream_sequence) for n in notices] == [
+        ("aperf.h.s", s) for s in seqs[1:]
+    ]
+    for notice, (_, words) in zip(notices, bad[1:], strict=True):
+        assert words in notice.reason, notice
+    samples = [e.value.seq for _, _, e in got if isinstance(e, aperf.Sample)]
+    assert samples == list(range(10))
+    assert {(h, s) for h, s, _ in got} == {("h", "s")}
+    stats = reader.statistics()
+    assert (stats.malformed, stats.refused, stats.samples) == (len(bad) - 1, 0, 10)
+    info = await consumer_info(url, "d")
+    assert info.num_ack_pending == 0 and info.num_redelivered <= len(bad)
+
+
+@pytest.mark.asyncio
+async def test_the_subject_is_the_identity(nats_server: NatsServer) -> None:
+    url = nats_server.url
+    await create_stream(url)
+    seqs = await publish(
+        url,
+        # a publisher allowed on aperf.mallory.> claims to be web-1 ...
+        ("aperf.mallory.x", forged("web-1", "perf", 5, 0, range(1000, 1010)), None),
+        # ... and a payload claiming mallory arrives on web-1's subject
+        ("aperf.web-1.perf", forged("mallory", "x", 5, 0, range(2000, 2010)), None),
+    )
+    async with JetStreamSink(url, host="web-1", name="perf") as sink:
+        await sink.send([seq_sample(0, i) for i in range(5)])
+    fleet = Fleet()
+    async with FleetReader(url, durable="who", decoder=SEQ_TS) as reader:
+        await read_fleet(reader, fleet, lambda: len(fleet.seqs["web-1"]) >= 5)
+    assert fleet.seqs == {"web-1": [0, 1, 2, 3, 4]}
+    assert [(h, s, n.subject, n.stream_sequence) for h, s, n in fleet.notices] == [
+        ("mallory", "x", "aperf.mallory.x", seqs[0]),
+        ("web-1", "perf", "aperf.web-1.perf", seqs[1]),
+    ]
+    assert "claims host 'web-1' and stream 'perf'" in fleet.notices[0][2].reason
+    stats = reader.statistics()
+    assert (stats.refused, stats.malformed, stats.samples, stats.sources) == (2, 0, 5, 1)
+
+
+@pytest.mark.asyncio
+async def test_forged_sequence_numbers_never_hide_the_genuine_events(
+    nats_server: NatsServer,
+) -> None:
+    """A forger who reads the stream and may publish on the host's subject claims the
+    live sink's next events: refused; further ahead: handed out, then shown forged."""
+    url = nats_server.url
+    await create_stream(url)
+    subject = "aperf.web-1.perf"
+    async with JetStreamSink(url, host="web-1", name="perf") as sink:
+        await sink.send([seq_sample(0, i) for i in range(10)])  # events 0..9
+        await sink.flush()
+        nc = await nats.connect(url)
+        try:
+            stored = await nc.jetstream().get_last_msg("APERF", subject)
+        finally:
+            await nc.close()
+        run = parse(stored.data).epoch
+        seen_id = (stored.headers or {})["Nats-Msg-Id"]
+        prefix = seen_id.split(".0.")[0]  # <host>.<stream>.<run>
+        assert prefix == f"web-1.perf.{run:016x}"
+        fake = await publish(
+            url,
+            # the next events, 10..19, on the host's own subject (the server let it) ...
+            (subject, forged("web-1", "perf", run, 10, range(1000, 1010)), f"{prefix}.10.x"),
+            # ... and under the message id the sink's next message had before: a
+            # publisher on its own subject made JetStream drop the genuine one as a copy
+            ("aperf.mallory.x", forged("web-1", "perf", run, 10, range(1000, 1010)),
+             f"{prefix}.10"),
+            # events 20..29, before the reader has seen 10..19: nothing to check them by yet
+            (subject, forged("web-1", "perf", run, 20, range(2000, 2010)), None),
+        )
+        await sink.send([seq_sample(0, i) for i in range(10, 20)])  # the genuine 10..19
+        await sink.send([seq_sample(0, i) for i in range(20, 30)])  # and 20..29
+    stats = sink.statistics()
+    assert (stats.samples_acknowledged, stats.duplicates, stats.dropped_samples) == (30, 0, 0)
+
+    fleet = Fleet()
+    async with FleetReader(url, durable="forged", decoder=SEQ_TS) as reader:
+        await read_fleet(reader, fleet, lambda: 29 in fleet.seqs["web-1"])
+        seen = reader.statistics()
+    genuine = [s for s in fleet.seqs["web-1"] if s < 1000]
+    assert genuine == list(range(30))  # every genuine event, once, in order
+    assert fleet.gaps == []
+    # The forgery ahead was handed out (nothing could tell yet), then flagged.
+    assert [s for s in fleet.seqs["web-1"] if s >= 1000] == list(range(2000, 2010))
+    notices = [(n.subject, n.stream_sequence, n.reason) for _, _, n in fleet.notices]
+    assert [(s, q) for s, q, _ in notices] == [
+        (subject, fake[0]), ("aperf.mallory.x", fake[1]), (subject, fake[2])
+    ]
+    assert "do not follow the run's chain of tags: forged" in notices[0][2]
+    assert "events 20..29" in notices[2][2] and "were forged" in notices[2][2]
+    assert (seen.refused, seen.conflicts, seen.duplicates, seen.gaps) == (2, 1, 0, 0)
+    assert seen.samples == 30 + 10
+
+
+@pytest.mark.asyncio
+async def test_a_url_that_is_not_one_gives_fleet_config_error() -> None:
+    for url in ("nats://[::1", "nats://127.0.0.1:99999", ["nats://127.0.0.1:4222", "tls://:1"]):
+        for make in (JetStreamSink, FleetReader):
+            with pytest.raises(FleetConfigError, match="is not a NATS URL") as info:
+                async with make(url, connect_timeout=1):
+                    pass
+            assert info.value.argument == "servers"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--nats", "nats://[::1"], "argument --nats: 'nats://[::1' is not a NATS URL"),
+        (["--nats", "nats://127.0.0.1:99999"], "port out of range"),
+        (["--nats", "nats://127.0.0.1:4222", "--host", ""], "argument --host: the host name"),
+        (["--nats", "nats://127.0.0.1:4222", "--host", "h" * 300], "not 300"),
+        (["--nats", "nats://127.0.0.1:4222", "--host", "two words"], "spaces"),
+    ],
+    ids=["ipv6", "port", "empty-host", "long-host", "space-host"],
+)
+def test_tracer_with_a_bad_nats_option_says_so_in_one_line(args: list[str], words: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "aperf", "trace", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("python -m aperf trace: error: ") and words in lines[0]
 
 
 # --- the tracer as a fleet ---------------------------------------------------------------

@@ -105,6 +105,7 @@ class SourceTrack:
         self._starts: list[int] = []
         self.floor: int | None = None
         self.exposed: list[Exposed] = []
+        self.last_checked = 0  # stream sequence of the last checked message accepted
 
     def add(
         self, first: int, count: int, samples_before: int, lost_before: int, samples: int,
@@ -116,7 +117,14 @@ class SourceTrack:
         self.exposed = []
         end = first + count
         new = _Range(first, end, samples_before, lost_before, samples_before + samples,
-                     lost_before + lost, tag, next_commit, False, origin)
+                     lost_before + lost, tag, next_commit, tag is None, origin)
+        verdict = self._add(new, redelivered)
+        if verdict is Verdict.NEW and self.checked(first):
+            self.last_checked = max(self.last_checked, origin)
+        return verdict
+
+    def _add(self, new: _Range, redelivered: bool) -> Verdict:
+        first, end, tag = new.start, new.end, new.start_tag
         if self.floor is None:
             self.floor = first
             new.checked = True  # trust on first use
@@ -156,7 +164,7 @@ class SourceTrack:
                 return Verdict.FORGED
             lower = None  # which of the two is forged is not known yet: kept apart
         elif lower is not None:
-            new.checked = lower.checked
+            new.checked = lower.checked or new.checked
         ranges.insert(i + 1, new)
         self._starts.insert(i + 1, first)
         at = i + 1
@@ -182,29 +190,33 @@ class SourceTrack:
             del ranges[i + 1]
             del self._starts[i + 1]
 
+    def checked(self, first: int) -> bool:
+        """Whether the range holding event ``first`` is checked (or untracked: below the floor)."""
+        i = bisect.bisect_right(self._starts, first) - 1
+        return i < 0 or self._ranges[i].checked
+
+    def would_settle(self, watermark: int) -> bool:
+        """Whether ``watermark`` passes a hole (a watermark that would report a Gap)."""
+        return len(self._ranges) > 1 and self._ranges[1].start <= watermark
+
+    def anchor(self, first: int) -> None:
+        """Trust the range holding ``first`` though no checked range leads to it: the
+        hole below it is one JetStream's limits made (the reader asked)."""
+        i = bisect.bisect_right(self._starts, first) - 1
+        if i >= 0:
+            self._ranges[i].checked = True
+
     def end(
-        self, total: int, samples_total: int, lost_total: int, tag: bytes | None = None
+        self, total: int, samples_total: int, lost_total: int, tag: bytes | None = None,
+        origin: int = 0,
     ) -> list[Hole] | None:
         """The sink's end of stream: every event before ``total`` is settled; the holes
-        left. None if the end of stream cannot be the sink's (it fails the chain, or
-        ends before events already seen)."""
-        self.exposed = []
-        if self.floor is None or total < self.floor:
-            return []
-        ranges = self._ranges
-        if total < ranges[-1].end:
+        left (none yet if it cannot be checked). None if it cannot be the sink's: it fails
+        the chain, or ends inside events already seen."""
+        verdict = self.add(total, 0, samples_total, lost_total, 0, 0, tag, None, origin)
+        if verdict is Verdict.FORGED or (verdict is not Verdict.NEW and total > (self.floor or 0)):
             return None
-        last = ranges[-1]
-        if last.end == total:
-            if last.checked and not last.leads_to(tag):
-                return None
-        else:
-            ranges.append(
-                _Range(total, total, samples_total, lost_total, samples_total, lost_total,
-                       tag, None, False)
-            )
-            self._starts.append(total)
-        return self.holes_below(total)
+        return self.holes_below(total) if self.checked(total) else []
 
     def _merge_at(self, i: int) -> None:
         """Merge range i with range i+1 if they touch."""

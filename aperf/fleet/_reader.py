@@ -39,7 +39,7 @@ from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, Servers, connect, serve
 from ._errors import FleetClosedError, FleetConfigError, FrameError
 from ._events import FleetEvent, Gap, Malformed, ReaderStatistics
 from ._gaps import Hole, SourceTrack, Verdict
-from ._wire import BAD, END, SAMPLES, Frame, parse, subject_token
+from ._wire import BAD, DROPPED, END, SAMPLES, Frame, parse, subject_token
 
 Decoder = Callable[[bytes], Any]
 DecoderChoice = Decoder | Mapping[str, Decoder | None] | None
@@ -137,6 +137,7 @@ class FleetReader:
         self._closed = False
         self._n = _Counts()
         self._last_problem = ""
+        self._first_seq, self._first_seq_at = 0, -1e9  # the stream's oldest message, when
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -315,7 +316,12 @@ class FleetReader:
         if track is None:
             track = self._sources[key] = SourceTrack()
         if frame.kind == END:
-            holes = track.end(frame.first, frame.samples_before, frame.lost_before, frame.tag)
+            if track.floor is not None and not track.checked(frame.first) and \
+                    await self._limits_removed(track):
+                track.anchor(frame.first)
+            holes = track.end(
+                frame.first, frame.samples_before, frame.lost_before, frame.tag, seq
+            )
             if holes is None:
                 self._n.refused += 1
                 self._notice(msg, seq, f"an end of stream at {frame.first} that its run's "
@@ -325,8 +331,11 @@ class FleetReader:
             await msg.ack()
             return
         lost = frame.lost
+        held = frame.samples
+        if frame.kind == DROPPED:  # the sink gave these up: a Gap, with what they held
+            held, lost = frame.events[0].samples, frame.events[0].lost
         verdict = track.add(
-            frame.first, frame.count, frame.samples_before, frame.lost_before, frame.samples,
+            frame.first, frame.count, frame.samples_before, frame.lost_before, held,
             lost, frame.tag, frame.next, seq, redelivered,
         )
         for exposed in track.exposed:
@@ -346,11 +355,17 @@ class FleetReader:
             self._notice(msg, seq, f"events from {frame.first} of run {frame.epoch:016x} that "
                          "do not follow the run's chain of tags: forged")
             return
-        self._hand_gaps(frame, track.holes_below(frame.watermark))
-        events = self._build(frame)
-        self._n.samples += frame.samples
-        self._n.lost += lost
-        self._hold(frame, events)
+        if track.would_settle(frame.watermark) and not track.checked(frame.first) and \
+                await self._limits_removed(track):
+            track.anchor(frame.first)  # a hole JetStream's limits made: nothing to check by
+        if track.checked(frame.first):  # a forger's watermark would hide what comes later
+            self._hand_gaps(frame, track.holes_below(frame.watermark))
+        if frame.kind == DROPPED:
+            self._hand_gaps(frame, [Hole(frame.first, frame.count, held, lost)])
+        else:
+            self._n.samples += frame.samples
+            self._n.lost += lost
+            self._hold(frame, self._build(frame))
         if verdict is Verdict.CONFLICT:
             self._n.conflicts += 1
             last = frame.first + frame.count - 1
@@ -359,6 +374,20 @@ class FleetReader:
                          "the two is forged", subject)
         self._held_messages.add(which)
         self._end_at(msg, which)
+
+    async def _limits_removed(self, track: SourceTrack) -> bool:
+        """Whether JetStream removed messages stored after this source's last checked
+        one: only then may a hole below an unchecked message be one the stream's limits
+        made, and its watermark be trusted. Asked at most once a second."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._first_seq_at > 1.0:
+            assert self._nc is not None
+            try:
+                info = await self._nc.jetstream().stream_info(self._jetstream)
+            except (nats.errors.Error, asyncio.TimeoutError):
+                return False  # asked again with the next message that needs it
+            self._first_seq, self._first_seq_at = info.state.first_seq, loop.time()
+        return self._first_seq > track.last_checked + 1
 
     def _end_at(self, msg: Msg, which: _Which) -> None:
         """``msg`` is acknowledged once the events held so far are handed out."""

@@ -162,6 +162,7 @@ class JetStreamSink:
         self._closed_event = asyncio.Event()
         self._n = _Counts()
         self._dropped: Counter[str] = Counter()
+        self._bridges: list[tuple[Outgoing, bytes]] = []  # stand-ins of dropped messages
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -237,6 +238,7 @@ class JetStreamSink:
             for pending in list(self._inflight.values()):
                 self._drop(pending, "unacknowledged when the sink closed")
             if nc is not None and self._framer is not None and nc.is_connected:
+                await self._publish_bridges(nc)
                 await self._publish_end(nc, self._framer, timeout)
         finally:
             self._closed = True
@@ -410,6 +412,18 @@ class JetStreamSink:
     def _drop(self, pending: _Pending, reason: str) -> None:
         self._settle(pending)
         self._dropped[reason] += pending.out.samples + pending.out.lost
+        if self._framer is not None:  # its stand-in carries the run's chain over the hole
+            self._bridges.append((pending.out, self._framer.dropped(pending.out)))
+            self._wake.set()
+
+    async def _publish_bridges(self, nc: Client) -> None:
+        """Publish the stand-ins of the messages given up (best effort: without them,
+        readers see the hole as a Gap once a checked watermark passes it)."""
+        bridges, self._bridges = self._bridges, []
+        for out, payload in bridges:
+            msg_id = f"{self._id_prefix}{out.first}.{out.tag.hex()}.dropped"
+            with contextlib.suppress(nats.errors.Error):
+                await nc.publish(self._subject, payload, headers={"Nats-Msg-Id": msg_id})
 
     def _retry_soon(self, pending: _Pending) -> None:
         loop = asyncio.get_running_loop()
@@ -449,6 +463,8 @@ class JetStreamSink:
         loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
+            if self._connected and self._bridges and self._nc is not None:
+                await self._publish_bridges(self._nc)
             if self._connected and self._inflight:
                 now = loop.time()
                 for pending in list(self._inflight.values()):

@@ -6,7 +6,7 @@ knows nothing of NATS. All integers are little-endian.
 Header (72 bytes, then the host and stream names)::
 
     0  4s  magic b"APF2" (format version 2; version 1, b"APF1", is refused by name)
-    4  B   kind: 1 samples, 2 lost notice, 3 bad sample, 4 end of stream
+    4  B   kind: 1 samples, 2 lost notice, 3 bad sample, 4 end of stream, 5 dropped
     5  B   H, length of the host name (UTF-8, 1..255 bytes)
     6  B   S, length of the stream name (UTF-8, 1..255 bytes)
     7  x   reserved, 0
@@ -34,6 +34,10 @@ Bodies:
 - lost notice (count 1): u32 cpu, u64 lost count.
 - bad sample (count 1): u32 cpu, u16 data length, the data, then the decoder's
   reason as UTF-8 to the end.
+- dropped (count as in the message it stands for): the header of a message the sink
+  gave up (JetStream refused it, or it was unacknowledged when the sink closed), same
+  tags, then u64 samples, u64 lost count it held: it carries the run's chain across
+  the hole, and readers hand it out as a ``Gap``.
 - end of stream (count 0): ``first`` is the number of events the sink framed,
   ``samples_before``/``lost_before`` its totals, and ``watermark == first``.
 
@@ -56,10 +60,12 @@ from .._errors import DecodeError
 from .._events import BadSample, Lost, Sample
 from ._args import MAX_NAME_BYTES, check_name, name_problem
 from ._errors import FrameError
+from ._events import Gap
 
 MAGIC = b"APF2"
 OLD_MAGICS = {b"APF1": 1}  # earlier versions, refused with a message that names them
-SAMPLES, LOST, BAD, END = 1, 2, 3, 4
+SAMPLES, LOST, BAD, END, DROPPED = 1, 2, 3, 4, 5
+_DROPPED = struct.Struct("<QQ")
 HEADER = struct.Struct("<4sBBBxQQQQQII8s8s")
 TAG_BYTES = 8
 _RUN = struct.Struct("<II")
@@ -226,6 +232,13 @@ class Framer:
         out.append(Outgoing(SAMPLES, first, count, count, 0, payload, self.tag(first)))
         return start + count
 
+    def dropped(self, out: Outgoing) -> bytes:
+        """The stand-in of a message given up: its header, as kind dropped, and what it held."""
+        fields = list(HEADER.unpack_from(out.payload))
+        fields[1], fields[10] = DROPPED, 0  # kind, runs
+        names = out.payload[HEADER.size : HEADER.size + len(self._names)]
+        return HEADER.pack(*fields) + names + _DROPPED.pack(out.samples, out.lost)
+
     def end(self) -> bytes:
         """The end-of-stream message: the totals, with every event accounted for."""
         return self._header(END, self.next_seq, 0, 0, self.next_seq)
@@ -288,6 +301,12 @@ def parse(payload: bytes) -> Frame:
         data = payload[off : off + length]
         reason = payload[off + length :].decode("utf-8", "replace")
         events.append(BadSample(cpu, data, DecodeError(cpu, data, reason)))
+    elif kind == DROPPED:
+        _expect(kind, count, runs, max(count, 1), size - off == _DROPPED.size)
+        samples, lost = _DROPPED.unpack_from(payload, off)
+        if samples > count:
+            raise FrameError(f"a dropped message of {count} events cannot hold {samples} samples")
+        events.append(Gap(first, count, samples, lost))
     elif kind == END:
         _expect(kind, count, runs, 0, size == off)
         if watermark != first:
