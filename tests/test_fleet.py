@@ -39,7 +39,7 @@ from aperf.fleet import (
     Malformed,
     create_stream,
 )
-from aperf.fleet._gaps import Hole, SourceTrack, Verdict
+from aperf.fleet._gaps import Exposed, Hole, SourceTrack, Verdict
 from aperf.fleet._wire import HEADER as WIRE_HEADER
 from aperf.fleet._wire import Framer, parse
 from aperf.fleet.testing import NatsServer, nats_server_path
@@ -228,6 +228,50 @@ def test_sequence_tracking_reports_each_hole_once_and_exactly() -> None:
     assert track.holes_below(34) == []  # reported once
     assert track.end(40, 200, 30) == [Hole(34, 6, 76, 10)]
     assert track.ranges == [(10, 40)]
+
+
+def test_the_chain_of_tags_refuses_exposes_and_never_lets_a_watermark_hide_events() -> None:
+    """SourceTrack with real tags: what a forger who read the stream can and cannot do."""
+    sink = Framer("h", "s", 1, max_events=10, max_bytes=100_000)
+    forger = Framer("h", "s", 1, max_events=10, max_bytes=100_000)  # its own key
+    genuine = [parse(o.payload) for o in sink.frame([seq_sample(0, i) for i in range(40)], 0)]
+    forger.next_seq = forger.samples_total = 20
+    fake = [parse(o.payload) for o in forger.frame([seq_sample(0, i) for i in range(20)], 20)]
+
+    def add(track: SourceTrack, f: Any, origin: int = 0) -> Verdict:
+        return track.add(f.first, f.count, f.samples_before, f.lost_before, f.samples, 0,
+                         f.tag, f.next, origin)
+
+    track = SourceTrack()
+    assert add(track, genuine[0]) is Verdict.NEW  # 0..9: trusted on first use
+    assert add(track, genuine[1]) is Verdict.NEW and track.checked(10)
+    assert add(track, fake[0]) is Verdict.FORGED  # claims 20..29 right after 10..19
+    assert add(track, genuine[2]) is Verdict.NEW and track.ranges == [(0, 30)]
+    assert add(track, genuine[2]) is Verdict.DUPLICATE  # a retry stored twice
+
+    track = SourceTrack()
+    assert add(track, genuine[0]) is Verdict.NEW
+    assert add(track, fake[1], origin=7) is Verdict.NEW  # 30..39, ahead: nothing to check by
+    assert not track.checked(30)
+    # Its watermark (30) would report 10..29 as a Gap and hide them: not from the unchecked.
+    assert track.would_settle(30) and track.ranges == [(0, 10), (30, 40)]
+    assert add(track, genuine[1]) is Verdict.NEW  # 10..19
+    assert add(track, genuine[2]) is Verdict.NEW  # 20..29: leads elsewhere than 30..39 claims
+    assert track.exposed == [Exposed(30, 10, 7)] and track.ranges == [(0, 30)]
+    assert add(track, genuine[3]) is Verdict.NEW and track.ranges == [(0, 40)]
+    assert track.end(40, 40, 0, parse(sink.end()).tag) == []
+
+    track = SourceTrack()  # a forgery over an unchecked range: handed out, and reported
+    assert add(track, genuine[0]) is Verdict.NEW
+    assert add(track, genuine[2]) is Verdict.NEW  # 20..29 early (a retry after a reconnect)
+    assert add(track, fake[0]) is Verdict.CONFLICT  # also claims 20..29
+    assert add(track, genuine[1]) is Verdict.NEW and track.ranges == [(0, 30)]
+    # An end of stream nothing leads to settles nothing (no Gap for 30..39) ...
+    assert track.end(40, 40, 0, b"forged-e") == [] and track.ranges == [(0, 30), (40, 40)]
+    assert track.end(30, 30, 0, fake[0].tag) is None  # ... one that fails the chain: refused
+    assert track.end(25, 25, 0, bytes(8)) is None  # ... one inside events seen: refused
+    track.anchor(40)  # the reader learnt that JetStream's limits removed messages
+    assert track.checked(40) and track.holes_below(40) == [Hole(30, 10, 10, 0)]
 
 
 # --- against the server and the kernel --------------------------------------------------

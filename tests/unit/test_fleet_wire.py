@@ -4,6 +4,7 @@ small multiple of the message's size (tracemalloc's peak)."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import tracemalloc
 from collections.abc import Callable
@@ -14,11 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aperf
-
-pytest.importorskip("nats")
-
-from aperf.fleet import FrameError  # noqa: E402
-from aperf.fleet._wire import END, HEADER, MAGIC, SAMPLES, Framer, commit, parse  # noqa: E402
+from aperf.fleet import FrameError, Gap
+from aperf.fleet._wire import (
+    DROPPED,
+    END,
+    HEADER,
+    MAGIC,
+    SAMPLES,
+    Framer,
+    commit,
+    parse,
+)
 
 FACTOR = 64  # the most a message may cost, in multiples of its size
 SLACK = 2048  # bytes of fixed cost: the Frame, its lists, an exception and its message
@@ -31,10 +38,8 @@ def peak_of(work: Callable[[], Any]) -> int:
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        try:
+        with contextlib.suppress(FrameError):
             work()
-        except FrameError:
-            pass
         return tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
@@ -91,7 +96,8 @@ def valid_messages() -> list[bytes]:
     error = aperf.DecodeError(1, b"xy", "too short")
     events: list[Any] = [aperf.Sample(c % 3, bytes([c]) * (c % 20)) for c in range(20)]
     events[5:5] = [aperf.Lost(2, 9), aperf.BadSample(1, b"xy", error)]
-    return [out.payload for out in framer.frame(events, 0)] + [framer.end()]
+    outs = framer.frame(events, 0)
+    return [out.payload for out in outs] + [framer.dropped(outs[0]), framer.end()]
 
 
 VALID = valid_messages()
@@ -99,9 +105,15 @@ VALID = valid_messages()
 
 def test_the_valid_messages_parse_and_chain() -> None:
     frames = [parse(p) for p in VALID]
-    assert [f.kind for f in frames][-1] == END
-    for a, b in zip(frames, frames[1:], strict=False):
+    *data, dropped, end = frames
+    assert end.kind == END and dropped.kind == DROPPED
+    for a, b in zip(data, [*data[1:], end], strict=True):
         assert b.first == a.first + a.count and commit(b.tag) == a.next
+    # The stand-in of a message given up: its place in the chain, and what it held.
+    assert (dropped.first, dropped.count, dropped.tag, dropped.next) == (
+        data[0].first, data[0].count, data[0].tag, data[0].next
+    )
+    assert dropped.events == [Gap(0, data[0].count, data[0].samples, 0)]
 
 
 def check(payload: bytes) -> None:
