@@ -728,7 +728,7 @@ async def test_messages_a_reader_cannot_use_are_announced_and_never_block_the_co
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    print(f"\nreading 6 forged messages and 10 samples: tracemalloc peak {peak} bytes")
+    print(f"\nthe second reader, 6 bad messages and 10 samples: tracemalloc peak {peak} bytes")
     assert peak < 4 << 20  # 2 GiB before the fix
     notices = [e for _, _, e in got if isinstance(e, Malformed)]
     assert [(n.subject, n.stream_sequence) for n in notices] == [
