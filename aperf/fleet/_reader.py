@@ -8,7 +8,12 @@ stops in the middle of is redelivered to the next reader of the durable consumer
 
 Sequence numbers make it exact: duplicates (redeliveries, retries stored twice)
 are dropped, and holes that can no longer fill are handed out as ``Gap``
-events with the samples and lost counts they held (see ``_gaps.py``). The gap
+events with the samples and lost counts they held (see ``_gaps.py``).
+
+Every message is untrusted (anyone allowed on the subjects can publish): one
+that does not parse, whose names disagree with its subject, or that fails its
+run's chain of tags is acknowledged, counted and announced as a ``Malformed``
+notice in the stream, never raised and never left to block the consumer. The gap
 report assumes one reader per durable consumer; readers sharing one durable
 each see only their share of the messages.
 """
@@ -83,6 +88,11 @@ class FleetReader:
     by JetStream across restarts of the reader and the server). ``subject`` filters
     (default ``<subject_prefix>.>``, every host and stream); ``batch`` is the most
     messages per fetch.
+
+    A message the reader cannot use or refuses (not aperf's, a payload whose host or
+    stream disagrees with its subject, a forgery its sink run's chain of tags shows)
+    is yielded as a [`Malformed`][aperf.fleet.Malformed] notice, counted, and
+    acknowledged: it never raises out of ``async for`` and never blocks the consumer.
     """
 
     def __init__(
@@ -123,6 +133,7 @@ class FleetReader:
         self._nc: Client | None = None
         self._psub: JetStreamContext.PullSubscription | None = None
         self._sources: dict[_Key, SourceTrack] = {}
+        self._subjects: dict[tuple[str, str], str] = {}  # the subject of (host, stream)
         # Events built and not yet handed out. The last event of a message carries
         # the message, to be acknowledged when the consumer is done with the event.
         self._held: deque[FleetEvent] = deque()
@@ -297,7 +308,7 @@ class FleetReader:
         try:
             meta = msg.metadata
             seq, redelivered = meta.sequence.stream, meta.num_delivered > 1
-        except (ValueError, IndexError, AttributeError):  # not a JetStream delivery
+        except (nats.errors.Error, ValueError, IndexError):  # not a JetStream delivery
             seq, redelivered = 0, False
         try:
             frame = parse(msg.data)
@@ -305,7 +316,12 @@ class FleetReader:
             self._n.malformed += 1
             self._notice(msg, seq, str(exc))
             return
-        subject = f"{self._prefix}.{subject_token(frame.host)}.{subject_token(frame.stream)}"
+        names = (frame.host, frame.stream)
+        subject = self._subjects.get(names)
+        if subject is None:
+            subject = f"{self._prefix}.{subject_token(names[0])}.{subject_token(names[1])}"
+            if len(self._subjects) < 1 << 16:  # (names the payloads claim: bounded)
+                self._subjects[names] = subject
         if msg.subject != subject:
             self._n.refused += 1
             self._notice(msg, seq, f"it claims host {frame.host!r} and stream {frame.stream!r}, "
@@ -468,7 +484,8 @@ class FleetReader:
     # --- introspection -----------------------------------------------------------------
 
     def statistics(self) -> ReaderStatistics:
-        """Messages, samples, lost counts, bad samples, gaps and duplicates seen so far."""
+        """Messages, samples, lost counts, bad samples, gaps, duplicates, and the messages
+        malformed, refused or conflicting, seen so far."""
         return ReaderStatistics(**dataclasses.asdict(self._n), sources=len(self._sources))
 
 
