@@ -462,7 +462,9 @@ class FleetReader:
             except Exception as exc:
                 self._n.bad += 1
                 error = exc if isinstance(exc, DecodeError) else DecodeError(cpu, data, str(exc))
-                events.append(BadSample(cpu, data, error))
+                # Without its traceback (the decoder's frames, most of its cost): a
+                # message of tiny samples that all fail costs a few times its size.
+                events.append(BadSample(cpu, data, error.with_traceback(None)))
         return events
 
     def _decoder_for(self, stream: str) -> Decoder | None:
