@@ -419,11 +419,14 @@ class JetStreamSink:
     async def _publish_bridges(self, nc: Client) -> None:
         """Publish the stand-ins of the messages given up (best effort: without them,
         readers see the hole as a Gap once a checked watermark passes it)."""
-        bridges, self._bridges = self._bridges, []
-        for out, payload in bridges:
+        while self._bridges:
+            out, payload = self._bridges[0]
             msg_id = f"{self._id_prefix}{out.first}.{out.tag.hex()}.dropped"
-            with contextlib.suppress(nats.errors.Error):
+            try:
                 await nc.publish(self._subject, payload, headers={"Nats-Msg-Id": msg_id})
+            except nats.errors.Error:
+                return  # away: tried again once reconnected (or given up at close)
+            del self._bridges[0]
 
     def _retry_soon(self, pending: _Pending) -> None:
         loop = asyncio.get_running_loop()
