@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from ._errors import BusyResourceError, ClosedResourceError
 from ._options import Wakeup
 from ._perf_format import PERF_RECORDS, PerfRing, encode_lost, encode_sample
+from ._perf_source import perf_wakeup
 from ._source import HandleKind, RecordFormat, RingConfig
 
 
@@ -198,7 +199,7 @@ class FakeRingSource:
                 raise BusyResourceError(f"fake ring source {self.name!r} is already open")
             if config.ring_bytes is not None:
                 self._ring_bytes = config.ring_bytes
-            self._events, self._watermark = config.wakeup.kernel_settings(self._ring_bytes)
+            self._events, self._watermark = perf_wakeup(config.wakeup, self._ring_bytes)
             rings: dict[int, _FakeRing] = {}
             try:
                 for cpu in self.cpus:

@@ -436,8 +436,10 @@ class BPFObject:
 
     # --- globals -------------------------------------------------------------------
 
-    def _btf(self) -> lb.Btf | None:
-        """The object's BTF (owned by the object: valid until it closes)."""
+    def btf(self) -> lb.Btf | None:
+        """The object's BTF handle, or None if it has none (aperf's internal type, for
+        [`aperf.decoders.from_btf`][aperf.decoders.from_btf]; owned by the object: valid
+        until it closes)."""
         self._check_open()
         return lb.object_btf(self._ptr)
 
@@ -472,7 +474,7 @@ class BPFObject:
             raise ObjectStateError(
                 f"set_global({name!r}) after load: globals are frozen into the program at load time"
             )
-        slot = global_slot(self._btf(), name)
+        slot = global_slot(self.btf(), name)
         if isinstance(value, bool | int) and slot.is_int:
             try:
                 raw = int(value).to_bytes(slot.size, "little", signed=slot.signed)
@@ -500,7 +502,7 @@ class BPFObject:
     def get_global(self, name: str) -> int | bytes:
         """The value a global will have (before load) or was loaded with."""
         self._check_open()
-        slot = global_slot(self._btf(), name)
+        slot = global_slot(self.btf(), name)
         _, current = self._section_image(name, slot)
         raw = current[slot.offset : slot.offset + slot.size]
         return int.from_bytes(raw, "little", signed=slot.signed) if slot.is_int else raw

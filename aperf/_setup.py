@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._btf import from_btf
+from ._btf import btf_decoder
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
-from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSource, check_map_source, map_type_of
+from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
 from ._object import BPFObject
 from ._options import (
     Wakeup,
@@ -37,7 +37,7 @@ DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
 subclass, the name of a struct (or typedef) in the map's object's BTF, or None."""
 
-SourceSpec = RingSource | MapSource
+SourceSpec = RingSource | MapSpec
 _C_NAME = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -97,7 +97,7 @@ def _decoder_from_string(spec: str, source: RingSource) -> Decoder:
                 f"aperf.BPFObject; pass decoder=aperf.decoders.from_btf(obj, {spec!r})"
             )
         try:
-            return from_btf(owner, spec)
+            return btf_decoder(owner.btf(), spec, owner.path)
         except LookupError as exc:
             exc.args = (
                 f"{exc.args[0]} (a decoder string names a BTF struct or typedef; for a struct "
