@@ -168,3 +168,17 @@ class RingSource(Protocol):
         copies of the handles and release nothing shared with the parent (memory,
         map slots). Nothing may be read afterwards."""
         ...
+
+
+def _members(protocol: type) -> tuple[str, ...]:
+    """A protocol's members as declared: annotated attributes, methods and properties."""
+    names = dict.fromkeys(getattr(protocol, "__annotations__", {}))
+    for name, value in vars(protocol).items():
+        if not name.startswith("_") and (callable(value) or isinstance(value, property)):
+            names[name] = None
+    return tuple(names)
+
+
+RING_SOURCE_MEMBERS = _members(RingSource)
+"""Every member a ring source must have: ``PerfStream``/``PerfBuffer`` refuse a source
+lacking any of them (``TypeError`` naming it), before anything opens."""
