@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._btf import btf_decoder
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
 from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
 from ._object import BPFObject, Map
@@ -110,7 +109,7 @@ def _decoder_from_string(spec: str, source: RingSource) -> Decoder:
                 f"aperf.BPFObject; pass decoder=aperf.decoders.from_btf(obj, {spec!r})"
             )
         try:
-            return btf_decoder(owner.btf(), spec, owner.path)
+            return owner._btf_decoder(spec)
         except LookupError as exc:
             exc.args = (
                 f"{exc.args[0]} (a decoder string names a BTF struct or typedef; for a struct "

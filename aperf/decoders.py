@@ -3,7 +3,6 @@ their enums, and ``jsonable`` to turn decoded values into JSON."""
 
 from __future__ import annotations
 
-from ._btf import btf_decoder
 from ._decode import CEnum as CEnum
 from ._decode import Record as Record
 from ._decode import SizedDecoder as SizedDecoder
@@ -35,4 +34,4 @@ def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
     anonymous structs and unions, fixed arrays and a trailing flexible array
     are supported; ``char[N]`` becomes ``str``, other 1-byte arrays ``bytes``.
     """
-    return btf_decoder(obj.btf(), type_name, obj.path)
+    return obj._btf_decoder(type_name)
