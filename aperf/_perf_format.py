@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import Protocol
 
-from ._errors import BrokenRingError
+from ._errors import ArgumentError, BrokenRingError
 from ._source import Run, RunEnd, Segment
 
 PERF_RECORD_LOST = 2
@@ -20,6 +20,9 @@ _HEADER = struct.Struct("<IHH")  # perf_event_header: u32 type, u16 misc, u16 si
 _RAW_SIZE = struct.Struct("<I")  # PERF_SAMPLE_RAW: u32 size, then the bytes
 _LOST_COUNT = struct.Struct("<Q")  # PERF_RECORD_LOST: u64 id, u64 lost
 HEADER_SIZE = _HEADER.size
+MAX_SAMPLE_BYTES = ((0xFFFF - HEADER_SIZE) & ~7) - 4
+"""The largest sample payload a perf record holds (65,516 bytes): the record's u16 size
+counts the header, the u32 raw size and the padding to 8 bytes."""
 
 
 class RingMemoryLike(Protocol):
@@ -180,8 +183,14 @@ def encode_sample(payload: bytes) -> bytes:
     """A PERF_RECORD_SAMPLE record as the kernel writes it (for fakes and tests).
 
     Like the kernel, it pads the raw data so that u32 size + data is a multiple
-    of 8, and the size field counts the padding.
+    of 8, and the size field counts the padding. A payload over ``MAX_SAMPLE_BYTES``
+    (65,516) does not fit a record: [`ArgumentError`][aperf.ArgumentError].
     """
+    if len(payload) > MAX_SAMPLE_BYTES:
+        raise ArgumentError(
+            "payload", f"a {len(payload)}-byte sample does not fit a perf record: at most "
+            f"{MAX_SAMPLE_BYTES} bytes (its u16 size counts the 12-byte header and padding)"
+        )
     padded = ((len(payload) + 4 + 7) & ~7) - 4
     body = _RAW_SIZE.pack(padded) + payload.ljust(padded, b"\0")
     return _HEADER.pack(PERF_RECORD_SAMPLE, 0, HEADER_SIZE + len(body)) + body
