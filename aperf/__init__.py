@@ -16,6 +16,7 @@ layout, bottom up (nothing imports upward):
   (async, sync) that only wait
 """
 
+from . import abc as abc
 from . import decoders as decoders
 from ._errors import AperfError as AperfError
 from ._errors import ArgumentError as ArgumentError
@@ -95,6 +96,7 @@ __all__ = [
     "UnknownNameError",
     "VerifierError",
     "Wakeup",
+    "abc",
     "decoders",
     "libbpf_version",
     "set_libbpf_verbose",

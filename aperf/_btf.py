@@ -1,14 +1,16 @@
-"""BTF in one place: struct decoders compiled from a BPF object's BTF, and the
-DATASEC lookup behind ``BPFObject.set_global``.
+"""BTF in one place: struct decoders compiled from a BTF handle, and the DATASEC
+lookup behind ``BPFObject.set_global``.
 
 The binding (``_libbpf``) hands out raw BTF type records; this module gives
-them meaning. Only BPF objects and decoders built from them come here.
+them meaning. Its functions take the handle (``lb.Btf``, from
+``BPFObject.btf()``) and the object file's path for hints, as libbpf-rs's
+``Btf::from_bpf_object`` does, so this room knows no ``BPFObject``: the public
+``aperf.decoders.from_btf(obj, name)`` joins the two.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from . import _libbpf as lb
 from ._decode import SizedDecoder, compile_layout
@@ -24,9 +26,6 @@ from ._layout import (
     PointerType,
     RecordType,
 )
-
-if TYPE_CHECKING:
-    from ._object import BPFObject
 
 _LOADED_SECTIONS = (".rodata", ".data", ".bss")
 
@@ -93,21 +92,13 @@ def btf_layout(btf: lb.Btf, type_name: str, path: str = "the object") -> RecordT
     return layout
 
 
-def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
-    """Decode samples as the C struct ``type_name`` described by ``obj``'s BTF.
-
-    ``obj`` is an open [`BPFObject`][aperf.BPFObject]; ``type_name`` a struct name
-    (``"event"`` or ``"struct event"``) or a typedef of a struct (``"event_t"``).
-    Integers of every width and signedness, bool, enums (members of an
-    ``IntEnum``, see docs/decoding.md), floats, pointers (ints), nested and
-    anonymous structs and unions, fixed arrays and a trailing flexible array
-    are supported; ``char[N]`` becomes ``str``, other 1-byte arrays ``bytes``.
-    """
+def btf_decoder(btf: lb.Btf | None, type_name: str, path: str) -> SizedDecoder:
+    """A decoder of the C struct ``type_name`` described by ``btf`` (None: the object
+    at ``path`` has no BTF); ``aperf.decoders.from_btf`` documents what it decodes."""
     name = type_name.removeprefix("struct ").strip()
-    btf = obj._btf()
     if btf is None:
         raise UnknownNameError("BTF type (the object has no BTF)", name, [])
-    return compile_layout(btf_layout(btf, name, obj.path), f"struct {name}", "<")
+    return compile_layout(btf_layout(btf, name, path), f"struct {name}", "<")
 
 
 def find_struct(btf: lb.Btf, name: str, path: str = "the object") -> int:

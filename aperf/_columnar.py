@@ -19,7 +19,8 @@ import numpy as np
 from ._decode import SizedDecoder
 from ._events import Sample, SampleArray, Tails
 from ._layout import byte_order, dtype_spec
-from ._perf_format import PerfRecords, Run, Segment, split_span, uniform_run_end
+from ._perf_format import PerfRecords, split_span, uniform_run_end
+from ._source import Run, Segment
 
 _CHECKS_PER_SPAN = 8  # NumPy checks of a span; then the pure parser (see _RunFinder)
 _U8, _U4 = np.dtype("<u8"), np.dtype("<u4")

@@ -12,9 +12,10 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 
-from ._errors import BusyResourceError, ClosedResourceError
-from ._options import Wakeup
+from ._errors import BusyResourceError, ClosedResourceError, RingSizeError
+from ._options import MAX_RING_BYTES, Wakeup
 from ._perf_format import PERF_RECORDS, PerfRing, encode_lost, encode_sample
+from ._perf_source import perf_wakeup
 from ._source import HandleKind, RecordFormat, RingConfig
 
 
@@ -169,6 +170,11 @@ class FakeRingSource:
             ring_bytes < 32 or ring_bytes & (ring_bytes - 1)
         ):
             raise ValueError(f"ring_bytes must be a power of two >= 32, not {ring_bytes!r}")
+        if ring_bytes > MAX_RING_BYTES:  # as for kernel rings (pages=, ring_bytes=)
+            raise RingSizeError(
+                f"ring_bytes={ring_bytes} is too large: at most {MAX_RING_BYTES} "
+                f"({MAX_RING_BYTES >> 20} MiB) per ring"
+            )
         self.name = name
         self.cpus = keys
         self._ring_bytes = ring_bytes
@@ -198,7 +204,7 @@ class FakeRingSource:
                 raise BusyResourceError(f"fake ring source {self.name!r} is already open")
             if config.ring_bytes is not None:
                 self._ring_bytes = config.ring_bytes
-            self._events, self._watermark = config.wakeup.kernel_settings(self._ring_bytes)
+            self._events, self._watermark = perf_wakeup(config.wakeup, self._ring_bytes)
             rings: dict[int, _FakeRing] = {}
             try:
                 for cpu in self.cpus:
@@ -253,9 +259,7 @@ class FakeRingSource:
         """
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-        record = encode_sample(bytes(payload))
-        if len(record) > 0xFFFF:
-            raise ValueError(f"a {len(payload)}-byte sample does not fit a perf record")
+        record = encode_sample(bytes(payload))  # ArgumentError past MAX_SAMPLE_BYTES
         with self._lock:
             ring = self._ring(cpu)
             lost = encode_lost(ring._lost) if ring._lost else b""
@@ -270,6 +274,8 @@ class FakeRingSource:
 
     def inject(self, cpu: int, raw: bytes) -> bool:
         """Write raw bytes into ``cpu``'s ring (e.g. a corrupt record) and wake the reader."""
+        if not isinstance(raw, bytes | bytearray | memoryview):
+            raise TypeError(f"raw must be bytes, not {type(raw).__name__}")
         with self._lock:
             ring = self._ring(cpu)
             if not ring.memory.write(bytes(raw)):  # type: ignore[attr-defined]

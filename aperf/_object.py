@@ -1,16 +1,30 @@
-"""BPF objects: open a ``.bpf.o``, set ``const volatile`` globals, load, attach, close."""
+"""BPF objects: open a ``.bpf.o``, set ``const volatile`` globals, load, attach, close.
+
+Closing is safe from any thread. Every call that reaches libbpf or the kernel
+runs inside ``_guarded``: it registers itself on the object's ``_Handle`` (a
+list append, atomic under the GIL; no lock per call), then checks the handle is
+not closing. ``close()`` marks the handle closing first, then waits for the
+calls already in flight before it frees anything; a call that starts later
+raises ``ClosedResourceError``. So no call reads freed memory or a reused fd.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import os
 import stat
+import sys
+import threading
+import time
 import weakref
-from collections.abc import Iterator, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar, cast
 
 from . import _libbpf as lb
-from ._btf import GlobalSlot, global_slot
+from ._btf import GlobalSlot, btf_decoder, global_slot
+from ._decode import SizedDecoder
 from ._errors import (
     ArgumentError,
     ClosedResourceError,
@@ -25,6 +39,8 @@ from ._errors import (
 from ._log import log
 
 _V = TypeVar("_V")
+_F = TypeVar("_F", bound=Callable[..., Any])
+_CLOSE_POLL = 0.0002  # seconds between looks at the calls a close waits for (each is short)
 
 
 def _last_line(text: str) -> str:
@@ -65,15 +81,55 @@ class _Handle:
     """The libbpf object and the links made from its programs: freed once, links first.
 
     Shared by the ``BPFObject`` and its finalizer, which must not hold the object.
+    ``calls`` holds a token (a bare ``object()``) for each call in flight on the
+    object, its maps, programs or links; ``closing`` turns true when a close
+    begins, before it waits for the calls that were already in flight.
     """
 
-    __slots__ = ("links", "ptr")
+    __slots__ = ("calls", "closing", "links", "lock", "pending", "ptr", "release")
 
     def __init__(self, ptr: int) -> None:
         self.ptr = ptr
         self.links: set[int] = set()
+        self.calls: list[object] = []
+        self.closing = not ptr
+        self.lock = threading.Lock()  # taken by closes and detaches, never per call
+        self.release: Callable[[], None] | None = None
+        self.pending: set[object] = set()
+
+    def begin_close(self) -> list[object] | None:
+        """Mark the handle closing and return the calls that may be inside libbpf now
+        (a call that starts later sees ``closing``); None if another close began first."""
+        with self.lock:
+            if self.closing:
+                return None
+            self.closing = True
+            return list(self.calls)
+
+    def run_after(self, inflight: list[object], release: Callable[[], None]) -> None:
+        """Run ``release`` once every call of ``inflight`` has ended (now, or by the last
+        of them to end): for a close from inside a call of its own thread (a signal
+        handler), which cannot wait for that call."""
+        with self.lock:
+            self.pending = {call for call in inflight if call in self.calls}
+            if self.pending:
+                self.release = release
+                return
+        release()
+
+    def leave(self, call: object) -> None:
+        self.calls.remove(call)
+        if self.release is not None:
+            with self.lock:
+                self.pending.discard(call)
+                release = None
+                if not self.pending:
+                    release, self.release = self.release, None
+            if release is not None:
+                release()
 
     def free(self) -> None:
+        self.closing = True
         ptr, self.ptr = self.ptr, 0
         links, self.links = self.links, set()
         failure: LibbpfError | None = None
@@ -88,6 +144,51 @@ class _Handle:
             raise failure
 
 
+def _guarded(method: _F) -> _F:
+    """Run ``method`` as a call in flight on its object (see the module docstring)."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        handle: _Handle = self._guard
+        token = object()
+        handle.calls.append(token)  # before the check: a close that missed it waits for it
+        try:
+            if handle.closing:
+                self._check_open()  # raises the object's, map's or program's message
+            return method(self, *args, **kwargs)
+        finally:
+            handle.leave(token)
+
+    return cast(_F, call)
+
+
+_GUARD_CODE = _guarded(lambda self: None).__code__
+
+
+def _inside_a_call(handle: _Handle) -> bool:
+    """Whether this thread is inside a guarded call on ``handle`` (a signal handler
+    closing the object it interrupted): found on the stack, so calls pay nothing."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _GUARD_CODE and frame.f_locals.get("handle") is handle:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _release_guarded(method: _F) -> _F:
+    """As ``_guarded``, for a release (``detach``): a no-op once the object is closing."""
+    guarded = _guarded(method)
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not self._guard.closing:
+            with contextlib.suppress(ClosedResourceError):  # closed meanwhile: released
+                guarded(self, *args, **kwargs)
+
+    return cast(_F, call)
+
+
 class _Part:
     """A map or program: memory inside a ``BPFObject``, freed when that object closes.
 
@@ -99,11 +200,12 @@ class _Part:
 
     def __init__(self, owner: BPFObject, ptr: int, name: str) -> None:
         self._owner = owner
+        self._guard = owner._handle
         self._raw = ptr
         self.name = name
 
     def _check_open(self) -> None:
-        if not self._owner._handle.ptr:
+        if self._guard.closing:
             raise ClosedResourceError(
                 f"{self._kind} {self.name!r} belongs to BPF object {self._owner.path!r}, "
                 "which is closed"
@@ -132,23 +234,30 @@ class Map(_Part):
         self._layout: lb.MapLayout | None = None  # known once loaded, fixed from then on
 
     @property
+    @_guarded
     def type(self) -> int:
         """The map type (``BPF_MAP_TYPE_*``)."""
         return int(lb.bpf_map__type(self._ptr))
 
     @property
+    @_guarded
     def fd(self) -> int:
         """The map's fd (valid from load until the object closes)."""
+        return self._fd()
+
+    def _fd(self) -> int:  # inside a guarded call
         fd = int(lb.bpf_map__fd(self._ptr))
         if fd < 0:
             raise ObjectStateError(f"map {self.name!r} has no fd before the object is loaded")
         return fd
 
     @property
+    @_guarded
     def max_entries(self) -> int:
         """How many entries the map holds (for a perf event array: CPU slots)."""
         return int(lb.bpf_map__max_entries(self._ptr))
 
+    @_guarded
     def set_max_entries(self, max_entries: int) -> None:
         """Size the map before its object is loaded (a ring buffer: its bytes, a power of
         two of at least a page)."""
@@ -163,11 +272,13 @@ class Map(_Part):
         lb.bpf_map__set_max_entries(ptr, max_entries)
 
     @property
+    @_guarded
     def key_size(self) -> int:
         """Bytes of one key (0 for queues and stacks)."""
         return int(lb.bpf_map__key_size(self._ptr))
 
     @property
+    @_guarded
     def value_size(self) -> int:
         """Bytes of one value (per-CPU maps: of one CPU's value)."""
         return int(lb.bpf_map__value_size(self._ptr))
@@ -182,14 +293,15 @@ class Map(_Part):
         """Whether each value holds one slot per possible CPU (the per-CPU map types)."""
         return self.type in lb.PER_CPU_MAP_TYPES
 
-    def _element(self) -> tuple[int, lb.MapLayout]:
-        fd = self.fd
+    def _element(self) -> tuple[int, lb.MapLayout]:  # inside a guarded call
+        fd = self._fd()
         if self._layout is None:
             self._layout = lb.MapLayout.of(
                 repr(self.name), self.type, self.key_size, self.value_size
             )
         return fd, self._layout
 
+    @_guarded
     def lookup(self, key: bytes | bytearray | memoryview) -> bytes:
         """The value stored under ``key`` (per-CPU maps: one 8-byte-aligned slot per CPU).
 
@@ -198,6 +310,7 @@ class Map(_Part):
         fd, layout = self._element()
         return lb.map_lookup(fd, key, layout=layout)
 
+    @_guarded
     def update(
         self, key: bytes | bytearray | memoryview, value: bytes | bytearray | memoryview,
         flags: int = 0,
@@ -214,18 +327,20 @@ class Map(_Part):
         fd, layout = self._element()
         lb.map_update(fd, key, value, flags, layout=layout)
 
+    @_guarded
     def pin(self, path: str | os.PathLike[str]) -> None:
         """Pin the map in bpffs (``/sys/fs/bpf/...``) so that other processes can open it.
 
         The directory must exist. [`PinnedPathError`][aperf.PinnedPathError] if ``path`` is taken
         or not on a BPF filesystem; a failed pin leaves nothing behind.
         """
-        fd = self.fd
+        fd = self._fd()
         lb.pin_object(fd, lb.c_path(path, "path"))
 
+    @_guarded
     def unpin(self, path: str | os.PathLike[str]) -> None:
         """Remove this map's pin at ``path``; a pin of anything else there is left alone."""
-        fd = self.fd
+        fd = self._fd()
         lb.unpin_object(fd, lb.c_path(path, "path"), f"map {self.name!r}")
 
     @property
@@ -246,7 +361,11 @@ class Link:
 
     def __init__(self, program: Program, ptr: int) -> None:
         self.program = program
+        self._guard = program._guard
         self._raw = ptr
+
+    def _check_open(self) -> None:
+        self.program._check_open()
 
     @property
     def _ptr(self) -> int:
@@ -259,12 +378,18 @@ class Link:
         """Whether the link still attaches its program (False once detached)."""
         return bool(self._ptr)
 
+    @_release_guarded
     def detach(self) -> None:
         """Remove the attachment (idempotent)."""
-        ptr, self._raw = self._raw, 0
+        self._destroy()
+
+    def _destroy(self) -> None:
+        with self._guard.lock:  # two threads detaching one link destroy it once
+            ptr, self._raw = self._raw, 0
+            if ptr:
+                self.program._links.remove(self)
+                self._guard.links.discard(ptr)
         if ptr:
-            self.program._links.remove(self)
-            self.program._owner._handle.links.discard(ptr)
             lb.bpf_link__destroy(ptr)
 
     def __enter__(self) -> Link:
@@ -293,11 +418,13 @@ class Program(_Part):
         self.section: str = lb.cstr(lb.bpf_program__section_name(ptr))
 
     @property
+    @_guarded
     def type(self) -> int:
         """The program type (``BPF_PROG_TYPE_*``)."""
         return int(lb.bpf_program__type(self._ptr))
 
     @property
+    @_guarded
     def fd(self) -> int:
         """The program's fd (valid from load until the object closes)."""
         fd = int(lb.bpf_program__fd(self._ptr))
@@ -316,6 +443,7 @@ class Program(_Part):
         self._check_open()
         return tuple(self._links)
 
+    @_guarded
     def attach(self) -> Link:
         """Attach to the hook named by the program's section (e.g. ``tp/sched/...``)."""
         ptr = self._ptr
@@ -335,10 +463,14 @@ class Program(_Part):
         self._links.append(link)
         return link
 
+    @_release_guarded
     def detach(self) -> None:
         """Remove every attachment made through [`attach()`][aperf.Program.attach]."""
+        self._detach_all()
+
+    def _detach_all(self) -> None:
         for link in list(self._links):
-            link.detach()
+            link._destroy()
 
     def __repr__(self) -> str:
         return f"<aperf.Program {self.name!r} section={self.section!r}{self._state()}>"
@@ -351,7 +483,7 @@ class BPFObject:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._handle = _Handle(0)
+        self._handle = self._guard = _Handle(0)
         self._loaded = False
         self._maps: _NameTable[Map] = _NameTable("map", {})
         self._programs: _NameTable[Program] = _NameTable("program", {})
@@ -370,7 +502,7 @@ class BPFObject:
                 )
                 error.log = captured.text
                 raise error from None
-        self._handle = _Handle(ptr)
+        self._handle = self._guard = _Handle(ptr)
         self._finalizer = weakref.finalize(self, self._handle.free)
         try:
             self.name: str = lb.cstr(lb.bpf_object__name(ptr))
@@ -407,7 +539,7 @@ class BPFObject:
     @property
     def closed(self) -> bool:
         """Whether the object was closed (its maps, programs and links with it)."""
-        return not self._handle.ptr
+        return self._handle.closing
 
     @property
     def loaded(self) -> bool:
@@ -415,7 +547,7 @@ class BPFObject:
         return self._loaded
 
     def _check_open(self) -> None:
-        if not self._handle.ptr:
+        if self._handle.closing:
             raise ClosedResourceError(f"BPF object {self.path!r} is closed")
 
     @property
@@ -436,10 +568,20 @@ class BPFObject:
 
     # --- globals -------------------------------------------------------------------
 
-    def _btf(self) -> lb.Btf | None:
-        """The object's BTF (owned by the object: valid until it closes)."""
-        self._check_open()
+    @_guarded
+    def btf(self) -> lb.Btf | None:
+        """The object's BTF handle, or None if it has none (aperf's internal type, for
+        [`aperf.decoders.from_btf`][aperf.decoders.from_btf]; owned by the object: valid
+        until it closes)."""
+        return self._btf()
+
+    def _btf(self) -> lb.Btf | None:  # inside a guarded call
         return lb.object_btf(self._ptr)
+
+    @_guarded
+    def _btf_decoder(self, type_name: str) -> SizedDecoder:
+        """``aperf.decoders.from_btf``'s work, as one call: the BTF stays valid meanwhile."""
+        return btf_decoder(self._btf(), type_name, self.path)
 
     def _section_map(self, section: str) -> Map:
         for m in self._maps.values():
@@ -461,6 +603,7 @@ class BPFObject:
             )
         return section_map, current
 
+    @_guarded
     def set_global(self, name: str, value: int | bool | bytes) -> None:
         """Set a global (``const volatile`` in ``.rodata``, or ``.data``/``.bss``) before load.
 
@@ -497,6 +640,7 @@ class BPFObject:
         image[slot.offset : slot.offset + slot.size] = raw
         lb.set_map_initial_value(section_map._ptr, bytes(image))
 
+    @_guarded
     def get_global(self, name: str) -> int | bytes:
         """The value a global will have (before load) or was loaded with."""
         self._check_open()
@@ -507,6 +651,7 @@ class BPFObject:
 
     # --- load, attach, close ------------------------------------------------------------
 
+    @_guarded
     def load(self) -> None:
         """Create the maps and load the programs into the kernel."""
         self._check_open()
@@ -531,6 +676,7 @@ class BPFObject:
         log.debug("bpf object loaded", path=self.path, maps=len(self._maps),
                   programs=len(self._programs))
 
+    @_guarded
     def attach(self) -> None:
         """Attach every program, all or nothing."""
         self._check_open()
@@ -543,26 +689,43 @@ class BPFObject:
                 link.detach()
             raise
 
+    @_release_guarded
     def detach(self) -> None:
         """Remove every attachment of every program."""
         for program in self._programs.values():
-            program.detach()
+            program._detach_all()
 
     def close(self) -> None:
         """Detach every program, then free the object and its fds. Idempotent.
 
         Its maps, programs and links refuse use from then on
         ([`ClosedResourceError`][aperf.ClosedResourceError]) instead of reading freed memory.
+        Safe from any thread: calls already running in other threads finish first
+        (each is a short libbpf call), and calls made later raise
+        ``ClosedResourceError``.
         """
-        if self.closed:
+        handle = self._handle
+        inflight = handle.begin_close()
+        if inflight is None:
             return
         self._finalizer.detach()
+        if _inside_a_call(handle):
+            # Called from inside a call of this thread (a signal handler): that call
+            # cannot end while we wait, so the last call to end frees.
+            handle.run_after(inflight, self._release)
+            return
+        while any(call in handle.calls for call in inflight):
+            time.sleep(_CLOSE_POLL)
+        self._release()
+
+    def _release(self) -> None:
         try:
-            self.detach()
+            for program in self._programs.values():
+                program._detach_all()
         finally:
             for program in self._programs.values():
                 for link in program._links:
-                    link._raw = 0  # the handle destroys what detach() did not reach
+                    link._raw = 0  # the handle destroys what detaching did not reach
                 program._links.clear()
             self._handle.free()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,7 +194,16 @@ class Wakeup:
             ) from None
 
     def kernel_settings(self, ring_bytes: int) -> tuple[int, int]:
-        """(wakeup_events, wakeup_watermark) for perf_event_attr."""
+        """(wakeup_events, wakeup_watermark) for perf_event_attr.
+
+        Deprecated: what the perf event array source sets is its own business
+        now (``DeprecationWarning``); this copy goes in the next release.
+        """
+        warnings.warn(
+            "Wakeup.kernel_settings() is deprecated: the perf event array source "
+            "translates a Wakeup for perf_event_attr itself",
+            DeprecationWarning, stacklevel=2,
+        )
         if self.events:
             return self.events, 0
         nbytes = self.watermark_bytes or int(ring_bytes * self.watermark_fraction)

@@ -7,13 +7,11 @@ of a perf event, or plain memory in ``aperf.testing``).
 
 from __future__ import annotations
 
-import functools
-import operator
 import struct
-from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from ._errors import BrokenRingError
+from ._errors import ArgumentError, BrokenRingError
+from ._source import Run, RunEnd, Segment
 
 PERF_RECORD_LOST = 2
 PERF_RECORD_SAMPLE = 9
@@ -22,6 +20,9 @@ _HEADER = struct.Struct("<IHH")  # perf_event_header: u32 type, u16 misc, u16 si
 _RAW_SIZE = struct.Struct("<I")  # PERF_SAMPLE_RAW: u32 size, then the bytes
 _LOST_COUNT = struct.Struct("<Q")  # PERF_RECORD_LOST: u64 id, u64 lost
 HEADER_SIZE = _HEADER.size
+MAX_SAMPLE_BYTES = ((0xFFFF - HEADER_SIZE) & ~7) - 4
+"""The largest sample payload a perf record holds (65,516 bytes): the record's u16 size
+counts the header, the u32 raw size and the padding to 8 bytes."""
 
 
 class RingMemoryLike(Protocol):
@@ -80,48 +81,6 @@ class PerfRing:
             span = memory.copy(start, first) + memory.copy(0, length - first)
         memory.set_tail(head)
         return span
-
-
-class Run(NamedTuple):
-    """``count`` records of ``stride`` bytes from byte ``start`` of ``span``, each holding a
-    ``size``-byte payload ``skip`` bytes in: a run of one program's fixed-size samples,
-    kept as it sits in the copied span (columnar consumers view it in place)."""
-
-    span: bytes
-    start: int
-    count: int  # type: ignore[assignment]  # shadows tuple.count, as Lost.count does
-    stride: int
-    skip: int
-    size: int
-
-    def payloads(self, first: int = 0, stop: int | None = None) -> list[bytes]:
-        """The payloads of records ``first`` to ``stop``, each a ``bytes`` of its own."""
-        stop = self.count if stop is None else stop
-        at = self.start + first * self.stride
-        view = memoryview(self.span)[at : at + (stop - first) * self.stride]
-        cut = _payload_struct(self.stride, self.skip, self.size)
-        return list(map(_first, cut.iter_unpack(view)))
-
-
-_first = operator.itemgetter(0)
-
-
-@functools.lru_cache(maxsize=256)
-def _payload_struct(stride: int, skip: int, size: int) -> struct.Struct:
-    return struct.Struct(f"{skip}x{size}s{stride - skip - size}x")
-
-
-Segment = tuple[list[bytes], bool] | Run | int
-"""A run of sample payloads (and whether they all have one size), a :class:`Run` of
-identical records in place, or a lost count."""
-
-def payloads_of(segment: tuple[list[bytes], bool] | Run) -> list[bytes]:
-    """The payloads of a sample segment, whichever form it has."""
-    return segment.payloads() if isinstance(segment, Run) else segment[0]
-
-
-RunEnd = Callable[[bytes, int, int, int], int]
-"""``(span, pos, size, end)`` -> where the run of identical records from ``pos`` ends."""
 
 
 def uniform_run_end(span: bytes, pos: int, size: int, end: int) -> int:
@@ -224,8 +183,14 @@ def encode_sample(payload: bytes) -> bytes:
     """A PERF_RECORD_SAMPLE record as the kernel writes it (for fakes and tests).
 
     Like the kernel, it pads the raw data so that u32 size + data is a multiple
-    of 8, and the size field counts the padding.
+    of 8, and the size field counts the padding. A payload over ``MAX_SAMPLE_BYTES``
+    (65,516) does not fit a record: [`ArgumentError`][aperf.ArgumentError].
     """
+    if len(payload) > MAX_SAMPLE_BYTES:
+        raise ArgumentError(
+            "payload", f"a {len(payload)}-byte sample does not fit a perf record: at most "
+            f"{MAX_SAMPLE_BYTES} bytes (its u16 size counts the 12-byte header and padding)"
+        )
     padded = ((len(payload) + 4 + 7) & ~7) - 4
     body = _RAW_SIZE.pack(padded) + payload.ljust(padded, b"\0")
     return _HEADER.pack(PERF_RECORD_SAMPLE, 0, HEADER_SIZE + len(body)) + body

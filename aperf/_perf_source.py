@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
-import platform
 import struct
-import threading
 from collections.abc import Sequence
 
 from . import _libbpf as lb
@@ -20,21 +18,19 @@ from ._errors import BusyResourceError, LibbpfError, RingSizeError
 from ._log import log
 from ._map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
-    MapSource,
-    check_map_source,
+    MapBackedSource,
+    MapSpec,
     map_facts,
     open_map_fd,
     require_type,
-    source_name,
+    ring_access,
 )
-from ._options import DEFAULT_PAGES, PAGE_SIZE
+from ._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup
 from ._perf_format import PERF_RECORDS, PerfRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
-__all__ = ["MapBackedSource", "MapSource", "PerfEventArraySource", "ring_access"]
+__all__ = ["PerfEventArraySource", "perf_wakeup"]
 
-_claims: dict[int, str] = {}  # kernel map id -> who holds its slots, in this process
-_claims_lock = threading.Lock()
 _LOST_READ = struct.Struct("<QQ")  # read() with PERF_FORMAT_LOST: u64 value, u64 lost
 
 
@@ -57,26 +53,15 @@ def online_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-RING_ACCESS_ENV = "APERF_RING_ACCESS"
-"""``direct`` (x86-64 only) or ``libbpf``: how perf rings are read (see ``ring_access``)."""
+def perf_wakeup(wakeup: Wakeup, ring_bytes: int) -> tuple[int, int]:
+    """``wakeup`` as ``perf_event_attr`` says it: (wakeup_events, wakeup_watermark).
 
-
-def ring_access() -> str:
-    """How to read perf rings on this machine: ``direct`` or ``libbpf``.
-
-    aperf copies records straight out of the mapped ring, reading the head
-    before the data and writing the tail after the copy. That order is enough
-    only where the CPU keeps loads and stores in program order (x86-64, TSO);
-    elsewhere the head and tail need acquire/release barriers that Python
-    cannot express, so libbpf's own reader copies the records (about 0.4 us a
-    record more, but correct). ``APERF_RING_ACCESS=libbpf`` forces that path.
+    A watermark stays below the ring's size: the kernel would never reach it.
     """
-    chosen = os.environ.get(RING_ACCESS_ENV, "")
-    if chosen not in ("", "direct", "libbpf"):
-        raise ValueError(f"{RING_ACCESS_ENV}={chosen!r}: use 'direct' or 'libbpf'")
-    if chosen == "libbpf" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return "libbpf"
-    return "direct"
+    if wakeup.events:
+        return wakeup.events, 0
+    nbytes = wakeup.watermark_bytes or int(ring_bytes * wakeup.watermark_fraction)
+    return 0, max(1, min(nbytes, ring_bytes - PAGE_SIZE if ring_bytes > PAGE_SIZE else 1))
 
 
 class _KernelPerfRing(PerfRing):
@@ -112,60 +97,13 @@ class _LibbpfReadRing(_KernelPerfRing):
         return self._rings.consume_records(self._index)
 
 
-class MapBackedSource:
-    """What every map-backed source shares (perf event arrays, Linux here and eBPF
-    for Windows in ``_ebpfwin``; BPF ring buffers in ``_ringbuf_source``): the map the
-    user named, its name, sizes once open, and the claim that keeps a second reader in
-    this process off the same map."""
-
-    _takeover = "silently take its CPU slots"  # what a second reader would do
-
-    def __init__(self, source: MapSource) -> None:
-        self._spec = check_map_source(source)
-        self.name = source_name(source)
-        self._claimed = 0
-        self._ring_bytes = 0
-        self._memory_bytes = 0
-        self.map_id = 0
-
-    @property
-    def object(self) -> object | None:
-        """The ``BPFObject`` the map belongs to (for BTF decoders), if known."""
-        return getattr(self._spec, "object", None)
-
-    @property
-    def ring_bytes(self) -> int:
-        return self._ring_bytes
-
-    @property
-    def memory_bytes(self) -> int:
-        return self._memory_bytes
-
-    def _claim(self) -> None:
-        with _claims_lock:
-            holder = _claims.get(self.map_id)
-            if holder is not None:
-                raise BusyResourceError(
-                    f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
-                    f"a second reader would {self._takeover}. Close the first one."
-                )
-            _claims[self.map_id] = f"a stream opened as {self.name}"
-            self._claimed = self.map_id
-
-    def _release_claim(self) -> None:
-        if self._claimed:
-            with _claims_lock:
-                _claims.pop(self._claimed, None)
-            self._claimed = 0
-
-
 class PerfEventArraySource(MapBackedSource):
     """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
 
     handle_kind: HandleKind = "fd"
     records: RecordFormat = PERF_RECORDS
 
-    def __init__(self, source: MapSource) -> None:
+    def __init__(self, source: MapSpec) -> None:
         super().__init__(source)
         self._rings: lb.PerfRings | None = None
         self._map_fd = -1
@@ -196,7 +134,7 @@ class PerfEventArraySource(MapBackedSource):
                         max_entries=facts.max_entries, skipped=[c for c in cpus if c not in usable])
         self._claim()
         ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
-        events, watermark = config.wakeup.kernel_settings(ring_bytes)
+        events, watermark = perf_wakeup(config.wakeup, ring_bytes)
         pages = ring_bytes // PAGE_SIZE
         exact = True
         try:

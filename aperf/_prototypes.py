@@ -6,6 +6,9 @@ called, so importing aperf loads no library at all (libbpf on Linux,
 ``ebpfapi.dll`` on Windows). Each binding (``_libbpf/``, ``_ebpfwin/``) gives
 its own library loader and its own "function missing" error.
 
+Both bindings also read a map's facts the same way (``MapInfo``,
+``read_map_info``), each with its own ``bpf_map_info`` layout.
+
 A Python callback called by C cannot raise through C: it parks its exception
 here (per thread) and the errcheck of the C call that invoked it re-raises it.
 """
@@ -16,6 +19,7 @@ import ctypes
 import errno
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 ErrCheck = Callable[[Any, Any, tuple[Any, ...]], Any]
@@ -114,3 +118,34 @@ def check_nothing(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
     """No error convention (getters, iterators, void): only re-raise callback errors."""
     raise_parked()
     return result
+
+
+# --- map facts: one shape for libbpf's and eBPF for Windows' bpf_map_info ---
+
+
+@dataclass(frozen=True)
+class MapInfo:
+    """The kernel's facts about a BPF map (``bpf_map_info``), as both bindings read them."""
+
+    type: int
+    id: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+    name: str
+
+
+def read_map_info(fd: int, info: Any, get_info: Any) -> MapInfo:
+    """``get_info`` (a ``bpf_obj_get_info_by_fd``) into ``info`` (its ``bpf_map_info``)."""
+    size = ctypes.c_uint32(ctypes.sizeof(info))
+    get_info(fd, ctypes.byref(info), ctypes.byref(size))
+    return MapInfo(
+        type=info.type,
+        id=info.id,
+        key_size=info.key_size,
+        value_size=info.value_size,
+        max_entries=info.max_entries,
+        flags=info.map_flags,
+        name=info.name.decode(errors="replace"),
+    )

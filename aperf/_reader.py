@@ -37,8 +37,7 @@ from ._events import (
 )
 from ._log import log
 from ._options import Wakeup
-from ._perf_format import Run, Segment
-from ._source import Ring, RingSource
+from ._source import Ring, RingSource, Run, Segment
 
 if TYPE_CHECKING:
     from ._columnar import Columns

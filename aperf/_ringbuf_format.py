@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import BrokenRingError, ClosedResourceError
-from ._perf_format import Segment
+from ._source import Segment
 
 BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 
 from . import _map_spec as maps
 from ._errors import AperfError, BusyResourceError, RingSizeError
+from ._map_spec import RING_ACCESS_ENV, MapBackedSource, ring_access
 from ._options import PAGE_SIZE
-from ._perf_source import RING_ACCESS_ENV, MapBackedSource, ring_access
 from ._ringbuf_format import RINGBUF_RECORDS, RingBufferRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
@@ -60,7 +60,7 @@ class RingBufferSource(MapBackedSource):
     _takeover = "race it for the consumer position"  # what a second reader would do
 
     def __init__(
-        self, source: maps.MapSource, *, dropped: Callable[[], int] | None = None
+        self, source: maps.MapSpec, *, dropped: Callable[[], int] | None = None
     ) -> None:
         super().__init__(source)
         if dropped is not None and not callable(dropped):

@@ -9,6 +9,7 @@ name the argument.
 from __future__ import annotations
 
 import keyword
+import os
 import re
 import struct
 import sys
@@ -17,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._btf import from_btf
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
-from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSource, check_map_source, map_type_of
-from ._object import BPFObject
+from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
+from ._object import BPFObject, Map
 from ._options import (
     Wakeup,
     check_decode_errors,
@@ -31,30 +31,42 @@ from ._options import (
 from ._perf_source import PerfEventArraySource
 from ._reader import Clock, DecodeErrorPolicy, Reader
 from ._ringbuf_source import RingBufferSource
-from ._source import RingConfig, RingSource
+from ._source import RING_SOURCE_MEMBERS, RingConfig, RingSource
 
 DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
 subclass, the name of a struct (or typedef) in the map's object's BTF, or None."""
 
-SourceSpec = RingSource | MapSource
+SourceSpec = RingSource | MapSpec
 _C_NAME = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
 
 
-_SOURCE_METHODS = ("open", "free", "after_fork", "acknowledge", "records", "handle_kind")
+def missing_members(value: object) -> list[str]:
+    """The members of ``aperf.abc.RingSource`` that ``value`` lacks."""
+    return [name for name in RING_SOURCE_MEMBERS if not hasattr(value, name)]
 
 
 def is_ring_source(value: object) -> bool:
-    """Whether ``value`` has the shape of a RingSource (``_source.py``)."""
-    return all(hasattr(value, a) for a in _SOURCE_METHODS)
+    """Whether ``value`` has every member of a RingSource (``_source.py``)."""
+    return not missing_members(value)
 
 
 def resolve_source(spec: object) -> RingSource:
     """A ring source from what the user passed: a source itself, or a map, by its type:
     a BPF ring buffer, or a perf event array (of eBPF for Windows on Windows, else of
     the Linux kernel, whose open says what is wrong with anything else)."""
-    if is_ring_source(spec):
+    missing = missing_members(spec)
+    if not missing:
         return spec  # type: ignore[return-value]
+    if len(missing) < len(RING_SOURCE_MEMBERS) and (
+        isinstance(spec, bool) or not isinstance(spec, Map | int | str | os.PathLike)
+    ):
+        # Meant as a ring source (it has some members): say which it lacks, now,
+        # not with an AttributeError when the stream first uses one.
+        raise TypeError(
+            f"source {type(spec).__name__} is not a ring source: it lacks "
+            f"{', '.join(missing)} (see aperf.abc.RingSource)"
+        )
     if sys.platform == "win32":
         from ._ebpfwin import WindowsPerfSource
 
@@ -97,7 +109,7 @@ def _decoder_from_string(spec: str, source: RingSource) -> Decoder:
                 f"aperf.BPFObject; pass decoder=aperf.decoders.from_btf(obj, {spec!r})"
             )
         try:
-            return from_btf(owner, spec)
+            return owner._btf_decoder(spec)
         except LookupError as exc:
             exc.args = (
                 f"{exc.args[0]} (a decoder string names a BTF struct or typedef; for a struct "

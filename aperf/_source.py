@@ -3,8 +3,12 @@
 A source owns rings and their readiness handles; the reader (``_reader.py``)
 takes spans out of the rings and applies the one policy; drivers wait on the
 handles and call the reader. A backend plugs in by implementing
-``RingSource``: the Linux perf event array (``_perf_source.py``) is one,
-``aperf.testing.FakeRingSource`` another.
+``RingSource`` (public as ``aperf.abc``): the Linux perf event array
+(``_perf_source.py``), the BPF ring buffer (``_ringbuf_source.py``), eBPF for
+Windows' perf event array (``_ebpfwin/_source.py``) and
+``aperf.testing.FakeRingSource`` (``_fake.py``) are the four aperf ships.
+A record format splits a span into ``Segment``s, the format-neutral pieces
+defined here.
 
 Readiness is one-shot, as the kernel's perf fds are: a handle fires once per
 wakeup, and ``acknowledge()`` clears it before the rings are
@@ -13,12 +17,62 @@ read, so a wakeup that arrives while they are read is not lost.
 
 from __future__ import annotations
 
+import functools
+import operator
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from ._options import Wakeup
-from ._perf_format import Segment
+
+# --- what a record format hands the reader: segments of a span, in ring order ---
+
+
+class Run(NamedTuple):
+    """``count`` records of ``stride`` bytes from byte ``start`` of ``span``, each holding a
+    ``size``-byte payload ``skip`` bytes in: a run of one program's fixed-size samples,
+    kept as it sits in the copied span (columnar consumers view it in place)."""
+
+    span: bytes
+    start: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as Lost.count does
+    stride: int
+    skip: int
+    size: int
+
+    def payloads(self, first: int = 0, stop: int | None = None) -> list[bytes]:
+        """The payloads of records ``first`` to ``stop``, each a ``bytes`` of its own."""
+        stop = self.count if stop is None else stop
+        at = self.start + first * self.stride
+        view = memoryview(self.span)[at : at + (stop - first) * self.stride]
+        cut = _payload_struct(self.stride, self.skip, self.size)
+        return list(map(_first, cut.iter_unpack(view)))
+
+
+_first = operator.itemgetter(0)
+
+
+@functools.lru_cache(maxsize=256)
+def _payload_struct(stride: int, skip: int, size: int) -> struct.Struct:
+    return struct.Struct(f"{skip}x{size}s{stride - skip - size}x")
+
+
+Segment = tuple[list[bytes], bool] | Run | int
+"""A run of sample payloads (and whether they all have one size), a `Run` of
+identical records in place, or a lost count."""
+
+
+def payloads_of(segment: tuple[list[bytes], bool] | Run) -> list[bytes]:
+    """The payloads of a sample segment, whichever form it has."""
+    return segment.payloads() if isinstance(segment, Run) else segment[0]
+
+
+RunEnd = Callable[[bytes, int, int, int], int]
+"""``(span, pos, size, end)`` -> where the run of identical records from ``pos`` ends."""
+
+
+# --- the protocols ---
 
 OnHandle = Callable[[int], None]
 """A function of a readiness handle: a driver's ``on_ready``, a source's ``acknowledge``."""
@@ -114,3 +168,17 @@ class RingSource(Protocol):
         copies of the handles and release nothing shared with the parent (memory,
         map slots). Nothing may be read afterwards."""
         ...
+
+
+def _members(protocol: type) -> tuple[str, ...]:
+    """A protocol's members as declared: annotated attributes, methods and properties."""
+    names = dict.fromkeys(getattr(protocol, "__annotations__", {}))
+    for name, value in vars(protocol).items():
+        if not name.startswith("_") and (callable(value) or isinstance(value, property)):
+            names[name] = None
+    return tuple(names)
+
+
+RING_SOURCE_MEMBERS = _members(RingSource)
+"""Every member a ring source must have: ``PerfStream``/``PerfBuffer`` refuse a source
+lacking any of them (``TypeError`` naming it), before anything opens."""

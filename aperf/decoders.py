@@ -1,7 +1,8 @@
 """Decoders for ``decoder=``: from BTF, ctypes structures and struct formats; records and
 their enums, and ``jsonable`` to turn decoded values into JSON."""
 
-from ._btf import from_btf as from_btf
+from __future__ import annotations
+
 from ._decode import CEnum as CEnum
 from ._decode import Record as Record
 from ._decode import SizedDecoder as SizedDecoder
@@ -9,6 +10,7 @@ from ._decode import c_string as c_string
 from ._decode import from_ctypes as from_ctypes
 from ._decode import from_struct as from_struct
 from ._decode import jsonable as jsonable
+from ._object import BPFObject
 
 __all__ = [
     "CEnum",
@@ -20,3 +22,16 @@ __all__ = [
     "from_struct",
     "jsonable",
 ]
+
+
+def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
+    """Decode samples as the C struct ``type_name`` described by ``obj``'s BTF.
+
+    ``obj`` is an open [`BPFObject`][aperf.BPFObject]; ``type_name`` a struct name
+    (``"event"`` or ``"struct event"``) or a typedef of a struct (``"event_t"``).
+    Integers of every width and signedness, bool, enums (members of an
+    ``IntEnum``, see docs/decoding.md), floats, pointers (ints), nested and
+    anonymous structs and unions, fixed arrays and a trailing flexible array
+    are supported; ``char[N]`` becomes ``str``, other 1-byte arrays ``bytes``.
+    """
+    return obj._btf_decoder(type_name)

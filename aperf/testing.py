@@ -27,11 +27,13 @@ from typing import Any
 from . import _libbpf as lb
 from ._fake import FakeRingMemory, FakeRingSource
 from ._object import BPFObject, Map
+from ._perf_format import MAX_SAMPLE_BYTES as MAX_SAMPLE_BYTES
 from ._perf_format import encode_lost, encode_sample
 from ._ringbuf_source import RingBufferSource
 
 __all__ = [
     "MAX_RUN",
+    "MAX_SAMPLE_BYTES",
     "RB_FORCE_WAKEUP",
     "RB_NO_WAKEUP",
     "FakeRingMemory",

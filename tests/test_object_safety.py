@@ -68,6 +68,7 @@ ARGS: dict[str, tuple[object, ...]] = {  # how to call each public method
     "set_max_entries": (4096,),
     "set_global": ("anything", 1),
     "get_global": ("anything",),
+    "btf": (),
     "load": (),
     "attach": (),
     "close": (),

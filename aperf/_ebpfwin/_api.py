@@ -19,8 +19,7 @@ import os
 from collections.abc import Sequence
 
 from .._errors import LibbpfError, Win32Error
-from .._libbpf import MapInfo, read_map_info  # the same facts, Windows struct layout
-from .._prototypes import park_callback_error
+from .._prototypes import MapInfo, park_callback_error, read_map_info
 from . import _binding as c
 
 # --- maps and fds -----------------------------------------------------------------------

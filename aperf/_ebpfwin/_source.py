@@ -29,10 +29,9 @@ from .._errors import (
     MapTypeError,
     RingSizeError,
 )
+from .._map_spec import MapBackedSource, MapSpec
 from .._object import Map
-from .._perf_format import Segment
-from .._perf_source import MapBackedSource, MapSource
-from .._source import HandleKind, RecordFormat, RingConfig
+from .._source import HandleKind, RecordFormat, RingConfig, Segment
 from . import _api as win
 from . import _binding as c
 
@@ -165,7 +164,7 @@ class WindowsPerfSource(MapBackedSource):
 
     _takeover = "take over its rings' wait handle"
 
-    def __init__(self, source: MapSource) -> None:
+    def __init__(self, source: MapSpec) -> None:
         super().__init__(source)
         self._lock = threading.Lock()  # consume, reset and free never overlap
         self._pb: win.SyncPerfBuffer | None = None

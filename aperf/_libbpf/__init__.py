@@ -1,6 +1,7 @@
 """The only part of aperf that speaks ctypes: libbpf's prototypes, and a Pythonic
 surface over them (bytes in, bytes and ints out; BTF type records; perf rings)."""
 
+from .._prototypes import MapInfo
 from ._api import (
     BTF_INT_BOOL,
     BTF_INT_SIGNED,
@@ -20,7 +21,6 @@ from ._api import (
     Btf,
     BtfMember,
     BtfType,
-    MapInfo,
     MapLayout,
     PerfRings,
     RingHandle,
@@ -44,7 +44,6 @@ from ._api import (
     open_object,
     pin_object,
     pinned_object_fd,
-    read_map_info,
     set_libbpf_verbose,
     set_map_initial_value,
     test_run_on_cpu,
@@ -138,7 +137,6 @@ __all__ = [
     "open_object",
     "pin_object",
     "pinned_object_fd",
-    "read_map_info",
     "set_libbpf_verbose",
     "set_map_initial_value",
     "test_run_on_cpu",

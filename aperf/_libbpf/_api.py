@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ArgumentError, ClosedResourceError, LibbpfError, PinnedPathError
+from .._prototypes import MapInfo, read_map_info
 from . import _binding as c
 
 # --- libbpf's log -----------------------------------------------------------------
@@ -389,17 +390,6 @@ def unpin_object(fd: int, path: bytes, what: str) -> None:
     os.unlink(path)
 
 
-@dataclass(frozen=True)
-class MapInfo:
-    type: int
-    id: int
-    key_size: int
-    value_size: int
-    max_entries: int
-    flags: int
-    name: str
-
-
 class _bpf_map_info(ctypes.Structure):
     _fields_ = (
         ("type", ctypes.c_uint32),
@@ -428,21 +418,6 @@ def map_info(fd: int) -> MapInfo:
     if object_kind(fd) != "map":
         raise LibbpfError(errno.EINVAL, "bpf_obj_get_info_by_fd", f"fd {fd} is not a BPF map")
     return read_map_info(fd, _bpf_map_info(), c.bpf_obj_get_info_by_fd)
-
-
-def read_map_info(fd: int, info: Any, get_info: Any) -> MapInfo:
-    """``get_info`` (a ``bpf_obj_get_info_by_fd``) into ``info`` (its ``bpf_map_info``)."""
-    size = ctypes.c_uint32(ctypes.sizeof(info))
-    get_info(fd, ctypes.byref(info), ctypes.byref(size))
-    return MapInfo(
-        type=info.type,
-        id=info.id,
-        key_size=info.key_size,
-        value_size=info.value_size,
-        max_entries=info.max_entries,
-        flags=info.map_flags,
-        name=info.name.decode(errors="replace"),
-    )
 
 
 class _bpf_test_run_opts(ctypes.Structure):

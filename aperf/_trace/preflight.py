@@ -7,8 +7,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from .._errors import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, effective_capabilities
 from .._log import log
+from .._privileges import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, effective_capabilities
 
 TRACEFS = Path("/sys/kernel/tracing")
 # libbpf reads tracepoint ids under debugfs when it is mounted, else under tracefs.

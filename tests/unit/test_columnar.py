@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import aperf
 from aperf._columnar import numpy_run_end
-from aperf._perf_format import payloads_of, split_span
+from aperf._perf_format import split_span
+from aperf._source import payloads_of
 from aperf.testing import FakeRingSource, encode_lost, encode_sample
 
 from ..conftest import take

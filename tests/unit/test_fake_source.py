@@ -12,7 +12,7 @@ import pytest
 import aperf
 from aperf._perf_format import split_span
 from aperf._source import RingConfig
-from aperf.testing import FakeRingSource, encode_sample
+from aperf.testing import MAX_SAMPLE_BYTES, FakeRingSource, encode_sample
 
 
 def ready(fd: int) -> bool:
@@ -119,4 +119,39 @@ def test_stream_ring_size_overrides_the_fakes_and_records_match_the_kernels() ->
     src.free()
     ring = src.open(RingConfig(8192, aperf.Wakeup.per_sample()))[0]
     assert src.ring_bytes == 8192 and ring.memory.size == 8192  # type: ignore[attr-defined]
+    src.free()
+
+
+# --- misuse: typed errors at the call, naming the argument --------------------------------
+
+
+def test_a_ring_larger_than_the_kernel_allows_is_refused_at_the_constructor() -> None:
+    with pytest.raises(aperf.RingSizeError, match=r"ring_bytes=1099511627776 is too large"):
+        FakeRingSource(ring_bytes=1 << 40)
+    largest = FakeRingSource(ring_bytes=1 << 28)  # the kernel sources' bound, 256 MiB
+    assert largest.ring_bytes == 1 << 28
+
+
+def test_a_sample_over_the_perf_record_limit_names_the_limit() -> None:
+    src = FakeRingSource(ring_bytes=1 << 17)
+    opened(src)
+    assert MAX_SAMPLE_BYTES == 65516
+    assert src.write(0, bytes(MAX_SAMPLE_BYTES))
+    for size in (MAX_SAMPLE_BYTES + 1, 65523, 65524, 1 << 20):
+        with pytest.raises(aperf.ArgumentError, match=f"{size}-byte sample .* at most 65516") as e:
+            src.write(0, bytes(size))
+        assert e.value.argument == "payload"
+    with pytest.raises(aperf.ArgumentError, match="at most 65516"):
+        encode_sample(bytes(MAX_SAMPLE_BYTES + 1))
+    src.free()
+
+
+@pytest.mark.parametrize("raw", [64, None, "text", [1, 2]])
+def test_inject_takes_bytes_only(raw: object) -> None:
+    src = FakeRingSource()
+    ring = opened(src)[0]
+    with pytest.raises(TypeError, match="raw must be bytes"):
+        src.inject(0, raw)  # type: ignore[arg-type]
+    assert ring.pending_bytes() == 0  # type: ignore[attr-defined]  # nothing written
+    assert src.inject(0, bytearray(b"\x09\0\0\0\x10\0\0\0"))
     src.free()

@@ -10,23 +10,29 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
-    "_errors": 0, "_log": 0, "_prototypes": 0,
+    "_errors": 0, "_log": 0, "_prototypes": 0, "_privileges": 0,
     "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1,
+    # The seam (_source: the protocols and the segment types every format hands the
+    # reader) sits on the formats' floor, under the sources that implement it.
+    "_source": 2,
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
     "_layout": 2,
-    "_source": 3, "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
+    "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
     "_ebpfwin": 3, "_columnar": 3,
     "_reader": 4,
     "_setup": 5, "_loops": 5, "_trio": 5,
     "_stream": 6, "_sync": 6,
-    "__init__": 7, "decoders": 7, "testing": 7,
+    "__init__": 7, "abc": 7, "decoders": 7, "testing": 7,
     "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
 }
-# __init__ re-exports; _ebpfwin (eBPF for Windows' own binding and source) reads its
-# map facts with _libbpf's MapInfo.
+# __init__ re-exports; testing's Producer runs a program through the binding. _ebpfwin
+# has its own binding and shares only _prototypes (MapInfo) with libbpf's.
 BINDING_USERS = {
-    "_object", "_btf", "_map_spec", "_perf_source", "_ebpfwin", "testing", "__init__",
+    "_object", "_btf", "_map_spec", "_perf_source", "testing", "__init__",
 }
+# The map-backed sources are siblings: none imports another (they share _map_spec and
+# the seam). The fake is a perf ring and takes the perf source's wakeup settings.
+MAP_SOURCES = {"_perf_source", "_ringbuf_source", "_ebpfwin"}
 
 
 def unit_of(path: Path) -> str:
@@ -110,6 +116,18 @@ def test_no_cycle() -> None:
 def test_the_binding_is_reached_only_by_sources_objects_and_btf() -> None:
     users = {unit for unit, deps in imports().items() if "_libbpf" in deps}
     assert users <= BINDING_USERS
+
+
+def test_map_backed_sources_do_not_import_one_another() -> None:
+    graph = imports()
+    chained = [f"{unit} imports {dep}" for unit in sorted(MAP_SOURCES)
+               for dep in sorted(graph[unit] & MAP_SOURCES)]
+    assert not chained
+
+
+def test_the_btf_room_knows_no_bpf_object() -> None:
+    source = (PACKAGE / "_btf.py").read_text()
+    assert "_object" not in imports()["_btf"] and "TYPE_CHECKING" not in source
 
 
 def test_the_reader_reaches_no_binding() -> None:

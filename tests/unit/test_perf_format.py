@@ -7,7 +7,9 @@ import struct
 import pytest
 
 import aperf
-from aperf._perf_format import PerfRing, Run, payloads_of, split_span
+from aperf._perf_format import PerfRing, split_span
+from aperf._perf_source import perf_wakeup
+from aperf._source import Run, payloads_of
 from aperf.testing import FakeRingMemory, encode_lost, encode_sample
 
 
@@ -110,12 +112,19 @@ def test_head_beyond_ring_size_is_corrupt_and_never_read() -> None:
         reader.take()  # stays stopped
 
 
+def test_wakeup_kernel_settings_is_deprecated_and_keeps_working() -> None:
+    for wakeup, ring in ((aperf.Wakeup.balanced(), 512 * 1024), (aperf.Wakeup.every(64), 4096),
+                         (aperf.Wakeup.watermark(1 << 20), 8192)):
+        with pytest.warns(DeprecationWarning, match="kernel_settings"):
+            assert wakeup.kernel_settings(ring) == perf_wakeup(wakeup, ring)
+
+
 def test_wakeup_policies_validate() -> None:
     assert aperf.Wakeup.named("balanced") == aperf.Wakeup.balanced()
     assert not aperf.Wakeup.named("lowest-latency").batched
     assert aperf.Wakeup.every(1) == aperf.Wakeup.per_sample()
-    assert aperf.Wakeup.balanced().kernel_settings(512 * 1024) == (0, 128 * 1024)
-    assert aperf.Wakeup.every(64).kernel_settings(4096) == (64, 0)
+    assert perf_wakeup(aperf.Wakeup.balanced(), 512 * 1024) == (0, 128 * 1024)
+    assert perf_wakeup(aperf.Wakeup.every(64), 4096) == (64, 0)
     with pytest.raises(ValueError, match="unknown wakeup preset"):
         aperf.Wakeup.named("fast")
     with pytest.raises(ValueError, match="need max_latency"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 
 import aperf
-from aperf._errors import (
+from aperf._privileges import (
     CAP_BPF,
     CAP_DAC_READ_SEARCH,
     CAP_IPC_LOCK,

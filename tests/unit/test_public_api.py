@@ -134,7 +134,10 @@ def test_every_module_has_all() -> None:
 
 def test_the_checks_see_the_api() -> None:
     # Discovery that found nothing would make every check above pass vacuously.
-    assert {"aperf", "aperf.decoders", "aperf.testing", "aperf.fleet"} <= set(public_modules())
-    assert {"aperf.PerfStream", "aperf.testing.Producer", "aperf.decoders.from_btf"} <= set(
-        reference_targets()
+    assert {"aperf", "aperf.abc", "aperf.decoders", "aperf.testing", "aperf.fleet"} <= set(
+        public_modules()
     )
+    assert {
+        "aperf.PerfStream", "aperf.testing.Producer", "aperf.decoders.from_btf",
+        "aperf.abc.RingSource",
+    } <= set(reference_targets())
