@@ -84,23 +84,43 @@ def per_label(metrics: Metrics, name: str, label: str) -> dict[str, float]:
 
 
 class Service:
-    """``python -m examples.service`` on a free loopback port; its JSON log in a file."""
+    """``python -m examples.service`` on a free loopback port; its JSON log in a file.
 
-    def __init__(self, log_path: Path, *args: str) -> None:
+    With ``token``, the service gets ``--token-file`` and ``http`` sends the token.
+    """
+
+    def __init__(self, log_path: Path, *args: str, token: str | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.token = token
+        headers = {}
+        if token is not None:
+            token_file = log_path.with_name("token")
+            token_file.write_text(token + "\n")
+            args = ("--token-file", str(token_file), *args)
+            headers["Authorization"] = f"Bearer {token}"
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "examples.service", "--host", "127.0.0.1",
                  "--port", str(self.port), "--heartbeat", "0.5", *args],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
-        self.http = httpx.Client(base_url=self.base, timeout=TIMEOUT)
+        self.http = httpx.Client(base_url=self.base, timeout=TIMEOUT, headers=headers)
 
     @property
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON log, one object per line (anything else fails the test)."""
+        return [json.loads(line) for line in self.log.splitlines()]
+
+    def record(self, event: str, logger: str = "examples.service") -> dict[str, Any]:
+        """The one log record of ``event``."""
+        found = [r for r in self.records() if r["event"] == event and r["logger"] == logger]
+        assert len(found) == 1, (event, found)
+        return found[0]
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -194,8 +214,8 @@ def parse_sse(lines: Iterator[str]) -> Iterator[Message]:
 class FastClient:
     """An /events client reading in a thread as fast as it can (httpx)."""
 
-    def __init__(self, base: str) -> None:
-        self.http = httpx.Client(base_url=base, timeout=httpx.Timeout(TIMEOUT))
+    def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+        self.http = httpx.Client(base_url=base, timeout=httpx.Timeout(TIMEOUT), headers=headers)
         self.messages: queue.Queue[Message | None] = queue.Queue()
         self.received: list[Message] = []
         self.connected = threading.Event()
@@ -368,7 +388,7 @@ def test_slow_client_does_not_hold_back_the_fast_one(service: Service) -> None:
                 break
         assert notice is not None and notice["reason"] == "slow" and notice["missed"] > 0
         missed = per_label(service.metrics(), "aperf_sse_missed_total", "reason")
-        assert missed == {"slow": notice["missed"], "reconnect": 0}
+        assert missed == {"slow": notice["missed"], "reconnect": 0, "shutdown": 0}
     finally:
         stalled.close()
         fast.close()
@@ -476,6 +496,70 @@ def test_sigterm_ends_streams_and_exits_cleanly(service: Service) -> None:
     assert "client cut off at shutdown: it stopped reading" in events
     assert "Traceback" not in service.log
     assert not [r for r in records if "exception" in r], records
+    # What it had yet to take is counted, as missed at shutdown.
+    cut_off = service.record("client cut off at shutdown: it stopped reading")
+    stopped = service.record("tracer stopped")
+    assert cut_off["missed_at_shutdown"] > 0
+    assert stopped["missed"]["shutdown"] == cut_off["missed_at_shutdown"]
+
+
+def test_logs_the_address_it_listens_on(service: Service) -> None:
+    listening = service.record("listening")
+    assert listening["url"] == f"http://127.0.0.1:{service.port}/"
+    assert listening["level"] == "info"
+    # Said once the server accepts connections: after the tracer started.
+    events = [r["event"] for r in service.records()]
+    assert events.index("listening") > events.index("tracer running")
+
+
+def test_sigterm_publishes_everything_read(tracefs: None, tmp_path: Path) -> None:
+    """Events read from the rings at shutdown are published, and reach a reading client.
+
+    A shell makes processes without pause while the service gets SIGTERM: events are in
+    the rings and in aperf's queue when it stops. Afterwards, exactly: every sample aperf
+    read became an event (or a counted bad sample), every event and lost notice was
+    published, and the client that kept reading got every one of them, up to the last.
+    """
+    sh, true = shutil.which("sh"), shutil.which("true")
+    assert sh and true
+    svc = Service(tmp_path / "service.log", "--pages", "256")
+    busy = None
+    try:
+        svc.wait_ready()
+        fast = FastClient(svc.base)
+        try:
+            busy = subprocess.Popen([sh, "-c", f"while :; do {true}; done"])
+            fast.read_until(lambda m: m.event == "message" and m.json()["ppid"] == busy.pid)
+            rc, _ = svc.stop(signal.SIGTERM)
+            fast.wait_end()
+            assert fast.error is None
+            while (m := fast.messages.get_nowait()) is not None:
+                fast.received.append(m)
+        finally:
+            fast.close()
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+    finally:
+        svc.close()
+    assert rc == 0, svc.log
+    read = svc.record("perf stream closed", logger="aperf")  # aperf's own count
+    stopped = svc.record("tracer stopped")
+    # Rings of 1 MiB per CPU: one shell's processes never fill them, so every event
+    # published is a sample read (no lost notices among them).
+    assert read["lost"] == 0
+    assert stopped["published"] == read["samples"] - read["decode_errors"]
+    # The service's own accounting says the same. (aperf logs "undelivered": what it read
+    # at the close and had not handed out yet; the pump publishes those after it.)
+    assert stopped["samples"] == read["samples"]
+    assert read["samples"] == stopped["events"] + stopped["bad_samples"]
+    assert stopped["events"] + stopped["lost_notices"] == stopped["published"]
+    assert stopped["unpublished"] == 0
+    assert stopped["missed"] == {"slow": 0, "reconnect": 0, "shutdown": 0}
+    # The client got every event published after it came, up to the very last one.
+    seqs = [event_seq(m) for m in fast.received if m.id is not None]
+    assert seqs == list(range(seqs[0], stopped["published"] + 1))
+    assert not [m for m in fast.received if m.event == "missed"]
 
 
 def published(service: Service) -> int:
