@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT = 15.0
@@ -728,3 +730,73 @@ def test_taken_port_fails_in_one_line(kernel: None) -> None:
         port = taken.getsockname()[1]
         result = run_service("--port", str(port))
     assert_one_line_failure(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+# What docs/service.md calls an event id: <run>-<seq>, run letters and digits, seq from 1.
+ID_GRAMMAR = re.compile(r"[0-9A-Za-z]{1,32}-[1-9][0-9]*", re.ASCII)
+# Header values as bytes on the wire (latin-1 text: any byte but controls).
+HEADER_TEXT = st.text(st.characters(codec="latin-1", exclude_categories=("Cc",)), max_size=30)
+
+
+def event_id_status(service: Service, last_event_id: str | bytes) -> tuple[int, Any]:
+    """The status of /events with this Last-Event-ID, and the JSON error if it is one."""
+    with service.http.stream("GET", "/events", headers={"Last-Event-ID": last_event_id}) as r:
+        if r.status_code == 200:
+            return 200, None
+        r.read()
+        json_body = r.headers.get("content-type", "").startswith("application/json")
+        return r.status_code, r.json() if json_body else r.text
+
+
+def test_malformed_last_event_ids_get_400(roomy_service: Service) -> None:
+    service = roomy_service
+    fast = FastClient(service.base)
+    try:
+        subprocess.run([shutil.which("true") or "true"], check=True)
+        first = fast.read_until(lambda m: m.id is not None)[-1]
+    finally:
+        fast.close()
+    assert first.id is not None
+    run, newest = first.id.rpartition("-")[0], published(service)
+    malformed = [
+        f"{run}-", f"{run}-" + "7" * 5000, f"{run}-" + "9" * 20, f"{run}-\u00b2",
+        f"{run}-1\u00b2", f"{run}--1", f"{run}-+1", f"{run}-0", f"{run}-01", f"{run}-1.0",
+        f"{run}-1e3", f"{run}-0x1", f"{run}-1_0", "-1", "-", "--", run,
+        f"{run}-1-", f"{run}-1-1", f"{run} -1", f"{run}- 1", f"{run}-1 x", "x" * 40 + "-1",
+        f"{run}\u00e9-1", "\u00ff", f"{run}-\u00bd",
+    ]
+    for bad in malformed:  # as latin-1 bytes: the server sees these very characters
+        status, body = event_id_status(service, bad.encode("latin-1"))
+        assert status == 400, (bad[:50], status)
+        assert "Last-Event-ID" in body["error"]
+    # The same ids sent as UTF-8, and a Unicode digit no latin-1 byte can say.
+    for bad in (f"{run}-\u00b2", f"{run}-\uff13", f"{run}-\u0661"):
+        status, _ = event_id_status(service, bad.encode())
+        assert status == 400, bad
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(st.one_of(
+        HEADER_TEXT,
+        HEADER_TEXT.map(lambda text: f"{run}-{text}"),
+        st.integers(-(10**40), 10**40).map(lambda n: f"{run}-{n}"),
+        st.integers(1, 6000).map(lambda digits: f"{run}-" + "1" * digits),
+    ))
+    def never_500(last_event_id: str) -> None:
+        value = last_event_id.strip(" \t")  # HTTP has no spaces around a header value
+        status, body = event_id_status(service, value.encode("latin-1"))
+        if ID_GRAMMAR.fullmatch(value) is None:
+            assert status == 400, (value[:50], status)
+            assert "Last-Event-ID" in body["error"]
+        elif value.rpartition("-")[0] != run:
+            assert status == 200  # an id of another run: a "restart" notice, then events
+        else:
+            digits = value.rpartition("-")[2]
+            seq = int(digits) if len(digits) < 19 else 10**19  # (int() refuses 4301 digits)
+            # Published before the test began; never (the machine makes events meanwhile,
+            # but not a million); or maybe published since: 200 or 400, never 500.
+            expected = {200} if seq <= newest else {400} if seq > newest + 10**6 else {200, 400}
+            assert status in expected, (value[:50], status)
+
+    never_500()
+    assert "Traceback" not in service.log
+    assert not [r for r in service.records() if "exception" in r]
