@@ -65,18 +65,19 @@ function addEvent(record) {
 
 // --- the chart: per-second counts of the last minute, one series per CPU, lost, missed ---
 
-// name -> counts of the last CHART_SECONDS seconds, the current second last.
+// name -> counts of the last CHART_SECONDS whole seconds, then of the current one (drawn
+// once it is over: a second under way would show as a drop).
 const series = new Map([["lost", []], ["missed", []]]);
 let chartSecond = Math.floor(Date.now() / 1000);
 
 function zeros() {
-  return new Array(CHART_SECONDS).fill(0);
+  return new Array(CHART_SECONDS + 1).fill(0);
 }
 series.forEach((_, name) => series.set(name, zeros()));
 
 function rollChart() {
   const now = Math.floor(Date.now() / 1000);
-  const shift = Math.min(CHART_SECONDS, now - chartSecond);
+  const shift = Math.min(CHART_SECONDS + 1, now - chartSecond);
   if (shift > 0) {
     series.forEach((values) => {
       values.splice(0, shift);
@@ -91,7 +92,7 @@ function countPerSecond(name, count) {
   if (!series.has(name)) {
     series.set(name, zeros());
   }
-  series.get(name)[CHART_SECONDS - 1] += count;
+  series.get(name)[CHART_SECONDS] += count;
 }
 
 function svg(name, attributes, text) {
@@ -115,7 +116,8 @@ function drawChart() {
   rollChart();
   const chart = $("chart");
   const names = seriesNames();
-  const peak = Math.max(1, ...names.map((n) => Math.max(...series.get(n))));
+  const shown = (name) => series.get(name).slice(0, CHART_SECONDS);
+  const peak = Math.max(1, ...names.map((n) => Math.max(...shown(n))));
   // Log scale, so that a burst of thousands lost and a few events a second both show.
   const top = Math.pow(10, Math.ceil(Math.log10(peak + 1)));
   const height = PLOT.bottom - PLOT.top;
@@ -135,7 +137,7 @@ function drawChart() {
   parts.push(svg("text", { x: PLOT.right, y: PLOT.bottom + 16, "text-anchor": "end" }, "now"));
   const legend = [];
   names.forEach((name, index) => {
-    const values = series.get(name);
+    const values = shown(name);
     const color = colorOf(name, index);
     parts.push(svg("polyline", {
       "data-series": name,
