@@ -104,7 +104,7 @@ class TokenMiddleware:
         return hmac.compare_digest(given.encode("utf-8", "replace"), self._token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(PUBLIC_PREFIX):
+        if scope["type"] == "lifespan" or scope["path"].startswith(PUBLIC_PREFIX):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -113,6 +113,9 @@ class TokenMiddleware:
         if (scheme.lower() == "bearer" and self._matches(credentials.strip())) or \
                 self._matches(cookie):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # a WebSocket (the service has none): refused, 403
+            await send({"type": "websocket.close", "code": 1008})
             return
         response: Response
         query = QueryParams(scope["query_string"])
