@@ -138,6 +138,12 @@ def test_bad_allowed_host_fails_in_one_line(bad: str) -> None:
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith("service: argument --allowed-host: ")
+    # The same for --host, which is served as a Host too.
+    result = subprocess.run([sys.executable, "-m", "examples.service", "--host", bad], cwd=REPO,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("service: argument --host: ")
 
 
 def test_help_and_docs_say_who_can_see_what() -> None:
