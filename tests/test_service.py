@@ -525,7 +525,7 @@ def test_sigterm_publishes_everything_read(tracefs: None, tmp_path: Path) -> Non
     sh, true = shutil.which("sh"), shutil.which("true")
     assert sh and true
     # A window no client that reads can fall out of, whatever the machine's load.
-    svc = Service(tmp_path / "service.log", "--pages", "256", "--replay", "65536")
+    svc = Service(tmp_path / "service.log", "--pages", "1024", "--replay", "65536")
     busy = None
     try:
         svc.wait_ready()
@@ -548,7 +548,7 @@ def test_sigterm_publishes_everything_read(tracefs: None, tmp_path: Path) -> Non
     assert rc == 0, svc.log
     read = svc.record("perf stream closed", logger="aperf")  # aperf's own count
     stopped = svc.record("tracer stopped")
-    # Rings of 1 MiB per CPU: one shell's processes never fill them, so every event
+    # Rings of 4 MiB per CPU: one shell's processes never fill them, so every event
     # published is a sample read (no lost notices among them).
     assert read["lost"] == 0
     assert stopped["published"] == read["samples"] - read["decode_errors"]
