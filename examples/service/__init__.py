@@ -26,6 +26,7 @@ The modules, in the order events flow through them:
 
 SIGTERM or Ctrl-C stops reading the rings, publishes every event read, ends
 every event stream, stops the server, closes the perf stream (the rings are
-freed) and the BPF object (the programs are detached), and exits with status 0. Logs are JSON lines on stdout, written by structlog,
-for aperf's and uvicorn's loggers alike. docs/service.md tells the whole story.
+freed) and the BPF object (the programs are detached), and exits with status 0.
+Logs are JSON lines on stdout, written by structlog, for aperf's and uvicorn's
+loggers alike. docs/service.md tells the whole story.
 """
