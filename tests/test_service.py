@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT = 15.0
@@ -84,23 +86,43 @@ def per_label(metrics: Metrics, name: str, label: str) -> dict[str, float]:
 
 
 class Service:
-    """``python -m examples.service`` on a free loopback port; its JSON log in a file."""
+    """``python -m examples.service`` on a free loopback port; its JSON log in a file.
 
-    def __init__(self, log_path: Path, *args: str) -> None:
+    With ``token``, the service gets ``--token-file`` and ``http`` sends the token.
+    """
+
+    def __init__(self, log_path: Path, *args: str, token: str | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.token = token
+        headers = {}
+        if token is not None:
+            token_file = log_path.with_name("token")
+            token_file.write_text(token + "\n")
+            args = ("--token-file", str(token_file), *args)
+            headers["Authorization"] = f"Bearer {token}"
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "examples.service", "--host", "127.0.0.1",
                  "--port", str(self.port), "--heartbeat", "0.5", *args],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
-        self.http = httpx.Client(base_url=self.base, timeout=TIMEOUT)
+        self.http = httpx.Client(base_url=self.base, timeout=TIMEOUT, headers=headers)
 
     @property
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON log, one object per line (anything else fails the test)."""
+        return [json.loads(line) for line in self.log.splitlines()]
+
+    def record(self, event: str, logger: str = "examples.service") -> dict[str, Any]:
+        """The one log record of ``event``."""
+        found = [r for r in self.records() if r["event"] == event and r["logger"] == logger]
+        assert len(found) == 1, (event, found)
+        return found[0]
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -194,8 +216,8 @@ def parse_sse(lines: Iterator[str]) -> Iterator[Message]:
 class FastClient:
     """An /events client reading in a thread as fast as it can (httpx)."""
 
-    def __init__(self, base: str) -> None:
-        self.http = httpx.Client(base_url=base, timeout=httpx.Timeout(TIMEOUT))
+    def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+        self.http = httpx.Client(base_url=base, timeout=httpx.Timeout(TIMEOUT), headers=headers)
         self.messages: queue.Queue[Message | None] = queue.Queue()
         self.received: list[Message] = []
         self.connected = threading.Event()
@@ -368,7 +390,7 @@ def test_slow_client_does_not_hold_back_the_fast_one(service: Service) -> None:
                 break
         assert notice is not None and notice["reason"] == "slow" and notice["missed"] > 0
         missed = per_label(service.metrics(), "aperf_sse_missed_total", "reason")
-        assert missed == {"slow": notice["missed"], "reconnect": 0}
+        assert missed == {"slow": notice["missed"], "reconnect": 0, "shutdown": 0}
     finally:
         stalled.close()
         fast.close()
@@ -476,6 +498,71 @@ def test_sigterm_ends_streams_and_exits_cleanly(service: Service) -> None:
     assert "client cut off at shutdown: it stopped reading" in events
     assert "Traceback" not in service.log
     assert not [r for r in records if "exception" in r], records
+    # What it had yet to take is counted, as missed at shutdown.
+    cut_off = service.record("client cut off at shutdown: it stopped reading")
+    stopped = service.record("tracer stopped")
+    assert cut_off["missed_at_shutdown"] > 0
+    assert stopped["missed"]["shutdown"] == cut_off["missed_at_shutdown"]
+
+
+def test_logs_the_address_it_listens_on(service: Service) -> None:
+    listening = service.record("listening")
+    assert listening["url"] == f"http://127.0.0.1:{service.port}/"
+    assert listening["level"] == "info"
+    # Said once the server accepts connections: after the tracer started.
+    events = [r["event"] for r in service.records()]
+    assert events.index("listening") > events.index("tracer running")
+
+
+def test_sigterm_publishes_everything_read(tracefs: None, tmp_path: Path) -> None:
+    """Events read from the rings at shutdown are published, and reach a reading client.
+
+    A shell makes processes without pause while the service gets SIGTERM: events are in
+    the rings and in aperf's queue when it stops. Afterwards, exactly: every sample aperf
+    read became an event (or a counted bad sample), every event and lost notice was
+    published, and the client that kept reading got every one of them, up to the last.
+    """
+    sh, true = shutil.which("sh"), shutil.which("true")
+    assert sh and true
+    # A window no client that reads can fall out of, whatever the machine's load.
+    svc = Service(tmp_path / "service.log", "--pages", "1024", "--replay", "65536")
+    busy = None
+    try:
+        svc.wait_ready()
+        fast = FastClient(svc.base)
+        try:
+            busy = subprocess.Popen([sh, "-c", f"while :; do {true}; done"])
+            fast.read_until(lambda m: m.event == "message" and m.json()["ppid"] == busy.pid)
+            rc, _ = svc.stop(signal.SIGTERM)
+            fast.wait_end()
+            assert fast.error is None
+            while (m := fast.messages.get_nowait()) is not None:
+                fast.received.append(m)
+        finally:
+            fast.close()
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+    finally:
+        svc.close()
+    assert rc == 0, svc.log
+    read = svc.record("perf stream closed", logger="aperf")  # aperf's own count
+    stopped = svc.record("tracer stopped")
+    # Rings of 4 MiB per CPU: one shell's processes never fill them, so every event
+    # published is a sample read (no lost notices among them).
+    assert read["lost"] == 0
+    assert stopped["published"] == read["samples"] - read["decode_errors"]
+    # The service's own accounting says the same. (aperf logs "undelivered": what it read
+    # at the close and had not handed out yet; the pump publishes those after it.)
+    assert stopped["samples"] == read["samples"]
+    assert read["samples"] == stopped["events"] + stopped["bad_samples"]
+    assert stopped["events"] + stopped["lost_notices"] == stopped["published"]
+    assert stopped["unpublished"] == 0
+    assert stopped["missed"] == {"slow": 0, "reconnect": 0, "shutdown": 0}
+    # The client got every event published after it came, up to the very last one.
+    seqs = [event_seq(m) for m in fast.received if m.id is not None]
+    assert seqs == list(range(seqs[0], stopped["published"] + 1))
+    assert not [m for m in fast.received if m.event == "missed"]
 
 
 def published(service: Service) -> int:
@@ -644,3 +731,73 @@ def test_taken_port_fails_in_one_line(kernel: None) -> None:
         port = taken.getsockname()[1]
         result = run_service("--port", str(port))
     assert_one_line_failure(result, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+# What docs/service.md calls an event id: <run>-<seq>, run letters and digits, seq from 1.
+ID_GRAMMAR = re.compile(r"[0-9A-Za-z]{1,32}-[1-9][0-9]*", re.ASCII)
+# Header values as bytes on the wire (latin-1 text: any byte but controls).
+HEADER_TEXT = st.text(st.characters(codec="latin-1", exclude_categories=("Cc",)), max_size=30)
+
+
+def event_id_status(service: Service, last_event_id: str | bytes) -> tuple[int, Any]:
+    """The status of /events with this Last-Event-ID, and the JSON error if it is one."""
+    with service.http.stream("GET", "/events", headers={"Last-Event-ID": last_event_id}) as r:
+        if r.status_code == 200:
+            return 200, None
+        r.read()
+        json_body = r.headers.get("content-type", "").startswith("application/json")
+        return r.status_code, r.json() if json_body else r.text
+
+
+def test_malformed_last_event_ids_get_400(roomy_service: Service) -> None:
+    service = roomy_service
+    fast = FastClient(service.base)
+    try:
+        subprocess.run([shutil.which("true") or "true"], check=True)
+        first = fast.read_until(lambda m: m.id is not None)[-1]
+    finally:
+        fast.close()
+    assert first.id is not None
+    run, newest = first.id.rpartition("-")[0], published(service)
+    malformed = [
+        f"{run}-", f"{run}-" + "7" * 5000, f"{run}-" + "9" * 20, f"{run}-\u00b2",
+        f"{run}-1\u00b2", f"{run}--1", f"{run}-+1", f"{run}-0", f"{run}-01", f"{run}-1.0",
+        f"{run}-1e3", f"{run}-0x1", f"{run}-1_0", "-1", "-", "--", run,
+        f"{run}-1-", f"{run}-1-1", f"{run} -1", f"{run}- 1", f"{run}-1 x", "x" * 40 + "-1",
+        f"{run}\u00e9-1", "\u00ff", f"{run}-\u00bd",
+    ]
+    for bad in malformed:  # as latin-1 bytes: the server sees these very characters
+        status, body = event_id_status(service, bad.encode("latin-1"))
+        assert status == 400, (bad[:50], status)
+        assert "Last-Event-ID" in body["error"]
+    # The same ids sent as UTF-8, and a Unicode digit no latin-1 byte can say.
+    for bad in (f"{run}-\u00b2", f"{run}-\uff13", f"{run}-\u0661"):
+        status, _ = event_id_status(service, bad.encode())
+        assert status == 400, bad
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(st.one_of(
+        HEADER_TEXT,
+        HEADER_TEXT.map(lambda text: f"{run}-{text}"),
+        st.integers(-(10**40), 10**40).map(lambda n: f"{run}-{n}"),
+        st.integers(1, 6000).map(lambda digits: f"{run}-" + "1" * digits),
+    ))
+    def never_500(last_event_id: str) -> None:
+        value = last_event_id.strip(" \t")  # HTTP has no spaces around a header value
+        status, body = event_id_status(service, value.encode("latin-1"))
+        if ID_GRAMMAR.fullmatch(value) is None:
+            assert status == 400, (value[:50], status)
+            assert "Last-Event-ID" in body["error"]
+        elif value.rpartition("-")[0] != run:
+            assert status == 200  # an id of another run: a "restart" notice, then events
+        else:
+            digits = value.rpartition("-")[2]
+            seq = int(digits) if len(digits) < 19 else 10**19  # (int() refuses 4301 digits)
+            # Published before the test began; never (the machine makes events meanwhile,
+            # but not a million); or maybe published since: 200 or 400, never 500.
+            expected = {200} if seq <= newest else {400} if seq > newest + 10**6 else {200, 400}
+            assert status in expected, (value[:50], status)
+
+    never_500()
+    assert "Traceback" not in service.log
+    assert not [r for r in service.records() if "exception" in r]

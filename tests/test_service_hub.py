@@ -74,7 +74,7 @@ async def test_reconnect_in_the_window_replays_exactly_what_was_missed() -> None
     chunks = await connected(hub, f"{RUN}-2")
     assert seqs(await take(chunks, 4)) == [3, 4, 5, 6]
     assert hub.replayed == 4
-    assert hub.missed == {"slow": 0, "reconnect": 0}
+    assert hub.missed == {"slow": 0, "reconnect": 0, "shutdown": 0}
     publish(hub, 1)
     assert seqs(await take(chunks, 1)) == [7]
 
@@ -102,7 +102,7 @@ async def test_a_slow_client_skips_ahead_and_is_told() -> None:
     notice, *events = await take(chunks, 9)
     assert notice.json() == {"missed": 22, "reason": "slow"}
     assert seqs(events) == list(range(26, 34))
-    assert hub.missed == {"slow": 22, "reconnect": 0}
+    assert hub.missed == {"slow": 22, "reconnect": 0, "shutdown": 0}
     assert hub.max_lag() == 0
 
 
@@ -113,7 +113,10 @@ async def test_ids_of_another_run_or_never_handed_out() -> None:
     chunks = await connected(hub, "r0-3")  # a restart: how many is unknown
     (notice,) = await take(chunks, 1)
     assert notice.json() == {"missed": None, "reason": "restart"}
-    for bad in ("", "3", "r1-x", f"{RUN}-6", f"{RUN}-99"):  # 5 is the newest
+    # 5 is the newest; every other id is malformed (Unicode digits, 5000 digits, signs...).
+    for bad in ("", "3", "r1-x", f"{RUN}-6", f"{RUN}-99", f"{RUN}-0", f"{RUN}--3", f"{RUN}-²",
+                f"{RUN}-" + "9" * 5000, f"{RUN}-" + "9" * 20, f"{RUN}-03", f" {RUN}-3",
+                f"{RUN}-3 ", f"-{RUN}-3", "-3", f"{RUN}-", f"{RUN}-3.0", f"{RUN}-\uff13"):
         with pytest.raises(BadEventIdError, match="Last-Event-ID"):
             hub.subscribe(bad, "test")
     with pytest.raises(ValueError, match="window"):
@@ -132,5 +135,6 @@ async def test_close_ends_every_stream_after_what_is_left() -> None:
     assert seqs(list(parse_sse(iter((await waiting).decode().split("\n"))))) == [1, 2]
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(chunks), 1.0)
-    publish(hub, 1)  # after close: ignored
+    publish(hub, 1)  # after close: not published, but counted
     assert hub.published == 2 and not hub.cursors
+    assert hub.unpublished == 1

@@ -17,13 +17,16 @@ The modules, in the order events flow through them:
   through a cursor: the pump never waits for a client, a client that
   reconnects with ``Last-Event-ID`` gets what it missed, or a notice of how
   many events it missed;
-- ``metrics``: ``/metrics`` through prometheus_client;
+- ``metrics``: ``/metrics`` through prometheus_client (``grafana-dashboard.json``
+  charts them);
+- ``access``: who may ask: the Host names served, and an optional bearer token;
 - ``app``: the Starlette routes and lifespan; ``static/``: the live page;
 - ``cli``: options, logging, start-up checks (each failure is one line on
   stderr and exit status 1), uvicorn.
 
-SIGTERM or Ctrl-C ends every event stream, stops the server, closes the perf
-stream (the rings are freed) and the BPF object (the programs are detached),
-and exits with status 0. Logs are JSON lines on stdout, written by structlog,
-for aperf's and uvicorn's loggers alike. docs/service.md tells the whole story.
+SIGTERM or Ctrl-C stops reading the rings, publishes every event read, ends
+every event stream, stops the server, closes the perf stream (the rings are
+freed) and the BPF object (the programs are detached), and exits with status 0.
+Logs are JSON lines on stdout, written by structlog, for aperf's and uvicorn's
+loggers alike. docs/service.md tells the whole story.
 """

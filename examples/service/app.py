@@ -12,6 +12,8 @@ from typing import Any
 import structlog
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -19,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..bootstrap_legacy import DEFAULT_OBJECT, DEFAULT_PAGES, DEFAULT_WAKEUP
 from . import metrics
+from .access import TokenMiddleware
 from .hub import SEP, BadEventIdError, Hub
 from .source import TraceSource
 
@@ -39,6 +42,9 @@ class Settings:
     replay: int = DEFAULT_REPLAY  # events kept for reconnecting and slow clients
     heartbeat: float = HEARTBEAT_SECONDS
     shutdown_timeout: float = SHUTDOWN_SECONDS
+    # Host header values served (access.served_hosts); anything else gets 400.
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    token: str | None = None  # None: no token asked for
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -59,8 +65,12 @@ def create_app(settings: Settings) -> Starlette:
             finally:
                 hub.close()  # usually done already, at the signal
         stats = source.stream.statistics()
+        # The accounting of the whole run: samples (read) == events + bad_samples, and
+        # events + lost_notices == published + unpublished (0: the hub closed last).
         log.info("tracer stopped", samples=stats.samples, lost=stats.lost,
-                 published=hub.published, missed=sum(hub.missed.values()))
+                 events=source.events, lost_notices=source.lost_notices,
+                 bad_samples=source.bad_samples, published=hub.published,
+                 unpublished=hub.unpublished, missed=dict(hub.missed))
 
     async def events(request: Request) -> Response:
         if hub.closed or not source.stream_open:
@@ -96,7 +106,12 @@ def create_app(settings: Settings) -> Starlette:
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
 
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.allowed_hosts),
+                             www_redirect=False)]
+    if settings.token is not None:
+        middleware.append(Middleware(TokenMiddleware, token=settings.token))
     app = Starlette(
+        middleware=middleware,
         routes=[
             Route("/", page),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),

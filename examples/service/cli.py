@@ -30,26 +30,56 @@ from ..bootstrap_legacy import (
     non_negative,
     positive_power_of_two,
 )
+from .access import TokenFileError, host_pattern, is_loopback, read_token, served_hosts
 from .app import DEFAULT_REPLAY, HEARTBEAT_SECONDS, SHUTDOWN_SECONDS, Settings, create_app
-from .hub import Hub
+from .source import TraceSource
 
 PROG = "python -m examples.service"
 T = TypeVar("T", int, float)
+EXIT_UNSAFE = 2  # asked to serve every process's name to the network without a token
+
+log = structlog.get_logger("examples.service")
+
+WHO_SEES_WHAT = """\
+who can see what:
+  Every event names a process of this machine, any user's: its name, pid and parent, the
+  file it ran, its exit code and how long it ran. Whoever can read /events (the page at /
+  reads it) sees all of that; /health and /metrics tell counts (events, lost, clients).
+  - Without --token-file, that is every program and every user that can reach the port:
+    on the default 127.0.0.1, everybody on this machine (other users and containers that
+    share its network included).
+  - With --token-file PATH, only those who hold the token (the file's content): send
+    "Authorization: Bearer TOKEN", or open /?token=TOKEN once in a browser (a cookie
+    keeps it, for this host and path /). Only /static/ (the page's script and
+    stylesheet, no data) is served to anyone.
+  - Whatever the token, a request whose Host header is not the --host address,
+    localhost or an --allowed-host gets 400: a web page elsewhere cannot read the
+    service through DNS rebinding.
+  - A --host that is not a loopback address needs --token-file, or --no-token to serve
+    everyone who can reach it; otherwise the service refuses to start (exit status 2).
+"""
 
 
 class Server(uvicorn.Server):
     """uvicorn's server, ending the event streams as soon as a stop is requested.
 
     uvicorn shuts down by waiting for open responses to finish before it runs
-    the lifespan's shutdown; event streams never finish on their own.
+    the lifespan's shutdown; event streams never finish on their own. The source
+    stops reading, publishes what it read, then closes the hub, which ends them.
     """
 
-    def __init__(self, config: uvicorn.Config, hub: Hub) -> None:
+    def __init__(self, config: uvicorn.Config, source: TraceSource, url: str) -> None:
         super().__init__(config)
-        self.hub = hub
+        self.source = source
+        self.url = url
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # uvicorn says nothing of given sockets
+        if self.started:
+            log.info("listening", url=self.url)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.hub.close_threadsafe()
+        self.source.stop_threadsafe()
         super().handle_exit(sig, frame)
 
 
@@ -120,13 +150,30 @@ seconds = checked(float, lambda v: v >= 0 and math.isfinite(v),
 replay_window = checked(int, lambda v: v >= 2, "a number of events, 2 or more", "count")
 
 
+def allowed_host(text: str) -> str:
+    try:
+        return host_pattern(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = Parser(
         prog=PROG,
         description="Serve exec/exit events (SSE), a live page, Prometheus metrics and health "
         "over HTTP.",
+        epilog=WHO_SEES_WHAT, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--allowed-host", action="append", type=allowed_host, default=[],
+                        metavar="NAME", help="also serve requests for this Host (a name the "
+                        "service is reached by, *.domain, or an address); repeatable")
+    access = parser.add_mutually_exclusive_group()
+    access.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="serve only requests that carry the token in PATH (see below)")
+    access.add_argument("--no-token", action="store_true",
+                        help="serve a non-loopback --host without a token, to anyone")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("-d", "--duration", type=non_negative, default=0, metavar="MS",
                         help="report only exits of processes that ran at least MS milliseconds")
@@ -191,12 +238,32 @@ def listen(host: str, port: int, send_buffer: int) -> socket.socket:
     return sock
 
 
+def listen_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if sock.family == socket.AF_INET6 else \
+        f"http://{host}:{port}/"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def fail(message: str) -> int:
+    def fail(message: str, status: int = 1) -> int:
         print(f"service: {message}", file=sys.stderr, flush=True)
-        return 1
+        return status
+
+    try:
+        hosts = served_hosts(args.host, args.allowed_host)
+    except ValueError as exc:
+        return fail(f"argument --host: {exc}")
+    if args.token_file is None and not args.no_token and not is_loopback(args.host):
+        return fail(f"--host {args.host} is not a loopback address: give --token-file PATH, "
+                    "or --no-token to let anyone who reaches it see every process", EXIT_UNSAFE)
+    token = None
+    if args.token_file is not None:
+        try:
+            token = read_token(args.token_file)
+        except TokenFileError as exc:
+            return fail(str(exc))
 
     # What usually goes wrong is said in one line, before the server starts.
     reason = missing_privileges()
@@ -218,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings(
         object_path=args.object, min_duration_ms=args.duration, pages=args.pages,
         wakeup=args.wakeup, replay=args.replay, heartbeat=args.heartbeat,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, allowed_hosts=tuple(hosts), token=token,
     )
     app = create_app(settings)
     config = uvicorn.Config(
@@ -230,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # uvicorn first, it would cancel those responses, and log tracebacks.
         timeout_graceful_shutdown=args.shutdown_timeout + 1,
     )
-    server = Server(config, app.state.hub)
+    server = Server(config, app.state.source, listen_url(listener))
     # Once it has shut down, uvicorn raises again the signal that stopped it, with
     # the handlers that were in place before it started: make those ignore it, so
     # that a requested stop ends with status 0.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ log = structlog.get_logger("examples.service")
 MAX_WRITE_BATCH = 256  # events written to a socket at once
 SEP = "\n"  # SSE line separator (sse-starlette's default is CRLF; LF reads better in curl)
 RETRY_MS = 2000  # how long a browser waits before it reconnects
+# An event id as this service hands them out: ASCII only (str.isdigit() takes "²", which
+# int() refuses), and at most 19 digits (int() refuses 5000 digits; no run gets that far).
+EVENT_ID = re.compile(r"(?P<run>[0-9A-Za-z]{1,32})-(?P<seq>[1-9][0-9]{0,18})", re.ASCII)
 
 
 class BadEventIdError(ValueError):
@@ -72,8 +76,13 @@ class Hub:
         self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.cursors: set[Cursor] = set()
-        self.missed: dict[str, int] = {"slow": 0, "reconnect": 0}  # events skipped, by reason
+        # Events clients did not get, all clients together, by reason: too slow, back
+        # too late, or cut off at shutdown with events still to take.
+        self.missed: dict[str, int] = {"slow": 0, "reconnect": 0, "shutdown": 0}
         self.replayed = 0  # events sent again to clients that reconnected
+        # Events handed to publish() after close(): none by design (the source stops
+        # reading and publishes what it read before the hub closes), counted if ever.
+        self.unpublished = 0
 
     @property
     def oldest_seq(self) -> int:
@@ -90,6 +99,7 @@ class Hub:
     def publish(self, messages: Iterable[Message]) -> None:
         """Add events to the window (each gets its id) and wake the clients' writers once."""
         if self.closed:
+            self.unpublished += sum(1 for _ in messages)
             return
         ring, window = self._ring, self.window
         seq = self.next_seq
@@ -122,13 +132,14 @@ class Hub:
         """
         if last_event_id is None:
             return Cursor(self, self.next_seq, peer)
-        run, sep, seq_text = last_event_id.strip().rpartition("-")
-        if not sep or not seq_text.isdigit():
-            raise BadEventIdError(f"Last-Event-ID {last_event_id!r} is not an event id")
-        if run != self.run:
+        match = EVENT_ID.fullmatch(last_event_id)
+        if match is None:
+            shown = last_event_id if len(last_event_id) <= 60 else last_event_id[:60] + "..."
+            raise BadEventIdError(f"Last-Event-ID {shown!r} is not an event id (<run>-<seq>)")
+        if match["run"] != self.run:
             # An id of an earlier run: how much happened in between is unknown.
             return Cursor(self, self.next_seq, peer, missed_notice(None, "restart"))
-        seq = int(seq_text)
+        seq = int(match["seq"])
         if seq >= self.next_seq:
             raise BadEventIdError(
                 f"Last-Event-ID {last_event_id!r} is newer than the newest event "
@@ -211,9 +222,13 @@ class Cursor:
             hub.cursors.discard(self)
             if hub.closed and not finished:
                 # Shutting down, and this client stopped reading: its writer waited for
-                # room in a full socket until the grace period ended. Say so once.
+                # room in a full socket until the grace period ended. Count what it
+                # did not get, and say so once.
+                missed = hub.next_seq - self.seq
+                self.missed += missed
+                hub.missed["shutdown"] += missed
                 log.warning("client cut off at shutdown: it stopped reading",
-                            peer=self.peer, missed=self.missed)
+                            peer=self.peer, missed=self.missed, missed_at_shutdown=missed)
             else:
                 log.info("client disconnected", peer=self.peer, missed=self.missed,
                          clients=len(hub.cursors))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import json
@@ -80,6 +81,13 @@ class TraceSource:
         self.state = "starting"  # -> running -> stopping -> stopped, or failed
         self.error: BaseException | None = None  # why it failed to start
         self.clock = KernelClock()
+        # What the pump took from the stream: samples (handed to the hub as events),
+        # Lost (handed on as notices), bad samples (logged and counted only).
+        self.events = 0
+        self.lost_notices = 0
+        self.bad_samples = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: anyio.Event | None = None  # set: stop reading, then close the hub
 
     @property
     def stream_open(self) -> bool:
@@ -95,15 +103,15 @@ class TraceSource:
                     wakeup=self.wakeup,
                 ) as stream, anyio.create_task_group() as tg:
                     self.stream = stream
-                    tg.start_soon(self._pump, stream)
+                    self._loop, self._stop = asyncio.get_running_loop(), anyio.Event()
+                    pumped = anyio.Event()
+                    tg.start_soon(self._pump, stream, pumped)
+                    tg.start_soon(self._stopper, stream, self._stop, pumped)
                     self.state = "running"
                     try:
                         yield self
                     finally:
-                        self.state = "stopping"
-                        # Closing frees the rings; _pump gets what was already read,
-                        # then its loop ends and the task group can exit.
-                        await stream.aclose()
+                        self._stop.set()  # usually done already, at the signal
         except BaseException as exc:
             if self.state == "starting":
                 self.error = exc  # main() says it in one line
@@ -111,8 +119,37 @@ class TraceSource:
             raise
         self.state = "stopped"
 
-    async def _pump(self, stream: aperf.PerfStream) -> None:
+    def stop_threadsafe(self) -> None:
+        """Begin the stop from a signal handler: ``_stopper`` does it in the loop."""
+        loop, stop = self._loop, self._stop
+        if loop is None or stop is None or loop.is_closed():
+            self.hub.close_threadsafe()  # not running (yet): nothing read to publish
+        else:
+            loop.call_soon_threadsafe(stop.set)
+
+    async def _stopper(self, stream: aperf.PerfStream, stop: anyio.Event,
+                       pumped: anyio.Event) -> None:
+        """Stop reading, publish everything read, and only then end the clients' streams.
+
+        Closing the stream takes what the rings still hold and frees them; the pump
+        publishes what was read, then its loop ends. The hub closes after that, so
+        every event read reaches every client still reading (nothing read is dropped).
+        """
+        await stop.wait()
+        if self.state == "running":
+            self.state = "stopping"
+        await stream.aclose()
+        await pumped.wait()
+        self.hub.close()
+
+    async def _pump(self, stream: aperf.PerfStream, pumped: anyio.Event) -> None:
         """Publish every event until the stream closes. Never raises into the task group."""
+        try:
+            await self._publish_all(stream)
+        finally:
+            pumped.set()
+
+    async def _publish_all(self, stream: aperf.PerfStream) -> None:
         # At most half the window per batch: a client that keeps up never falls out of it.
         batch_size = min(MAX_PUBLISH_BATCH, max(1, self.hub.window // 2))
         while True:
@@ -137,11 +174,14 @@ class TraceSource:
         for item in batch:
             match item:
                 case aperf.Sample():
+                    self.events += 1
                     yield event_message(item, self.clock)
                 case aperf.Lost(cpu=cpu, count=count):
                     log.warning("events lost", cpu=cpu, count=count)
+                    self.lost_notices += 1
                     yield Message(json.dumps({"cpu": cpu, "count": count}), "lost")
                 case aperf.BadSample(cpu=cpu, error=error):
+                    self.bad_samples += 1
                     log.warning("bad sample", cpu=cpu, error=str(error))
 
     def healthy(self) -> bool:
