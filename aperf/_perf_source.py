@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from . import _libbpf as lb
 from ._errors import BusyResourceError, LibbpfError, RingSizeError
 from ._log import log
+from ._map_lock import MapLock, lock_map
 from ._map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
     MapSource,
@@ -29,7 +30,7 @@ from ._map_spec import (
 )
 from ._options import DEFAULT_PAGES, PAGE_SIZE
 from ._perf_format import PERF_RECORDS, PerfRing
-from ._source import HandleKind, RecordFormat, RingConfig
+from ._source import HandleKind, RecordFormat, RingConfig, SourceEnded
 
 __all__ = ["MapBackedSource", "MapSource", "PerfEventArraySource", "ring_access"]
 
@@ -115,8 +116,8 @@ class _LibbpfReadRing(_KernelPerfRing):
 class MapBackedSource:
     """What every map-backed source shares (perf event arrays, Linux here and eBPF
     for Windows in ``_ebpfwin``; BPF ring buffers in ``_ringbuf_source``): the map the
-    user named, its name, sizes once open, and the claim that keeps a second reader in
-    this process off the same map."""
+    user named, its name, sizes once open, and the claim that keeps a second reader off
+    the same map: in this process, and in others through the map lock (``_map_lock``)."""
 
     _takeover = "silently take its CPU slots"  # what a second reader would do
 
@@ -127,6 +128,10 @@ class MapBackedSource:
         self._ring_bytes = 0
         self._memory_bytes = 0
         self.map_id = 0
+        self.take_over = False  # PerfStream(take_over=True): ask another process's reader
+        self._map_lock: MapLock | None = None
+        self._notice_fd = -1
+        self._ended: SourceEnded | None = None  # once taken over
 
     @property
     def object(self) -> object | None:
@@ -141,7 +146,13 @@ class MapBackedSource:
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
-    def _claim(self) -> None:
+    @property
+    def notices(self) -> list[int]:
+        """The map lock's take-over notice handle, while open (see ``acknowledge``)."""
+        return [self._notice_fd] if self._notice_fd >= 0 else []
+
+    def _claim(self, slots: Sequence[int] = ()) -> None:
+        """Claim the map in this process, then lock ``slots`` (map keys) across processes."""
         with _claims_lock:
             holder = _claims.get(self.map_id)
             if holder is not None:
@@ -151,8 +162,35 @@ class MapBackedSource:
                 )
             _claims[self.map_id] = f"a stream opened as {self.name}"
             self._claimed = self.map_id
+        self._ended = None
+        self._map_lock = lock_map(self.map_id, self.name, slots, take_over=self.take_over)
+        if self._map_lock is not None:
+            self._notice_fd = self._map_lock.notice
+
+    def _taken_over(self) -> None:
+        """The notice handle fired: if another process's reader took the map over, give
+        it up (``_give_up``), unlock it, and end this source (``SourceEnded``)."""
+        if self._ended is not None:
+            raise self._ended  # acknowledged twice (trio's watcher, then the reader)
+        held = self._map_lock
+        error = held.taken_over() if held is not None else None
+        if held is None or error is None:
+            return
+        drain = self._give_up()
+        held.give_up()
+        self._ended = SourceEnded(error, drain=drain)
+        raise self._ended
+
+    def _give_up(self) -> bool:
+        """Stop touching the map before the taker starts; True if our rings still hold
+        records for us to read."""
+        raise NotImplementedError
 
     def _release_claim(self) -> None:
+        held, self._map_lock = self._map_lock, None
+        self._notice_fd = -1
+        if held is not None:
+            held.release()
         if self._claimed:
             with _claims_lock:
                 _claims.pop(self._claimed, None)
@@ -194,7 +232,7 @@ class PerfEventArraySource(MapBackedSource):
             # As libbpf does: a slot per CPU id, CPUs beyond max_entries get no ring.
             log.warning("perf map smaller than cpu count", map=self.name,
                         max_entries=facts.max_entries, skipped=[c for c in cpus if c not in usable])
-        self._claim()
+        self._claim(usable)
         ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = config.wakeup.kernel_settings(ring_bytes)
         pages = ring_bytes // PAGE_SIZE
@@ -227,7 +265,26 @@ class PerfEventArraySource(MapBackedSource):
         return rings
 
     def acknowledge(self, handle: int) -> None:
-        """Nothing to do: polling a perf fd clears its readiness."""
+        """Nothing to do for a ring: polling a perf fd clears its readiness. The map
+        lock's notice: a take-over request, maybe (``SourceEnded``)."""
+        if handle == self._notice_fd:
+            self._taken_over()
+
+    def _give_up(self) -> bool:
+        """Taken over: empty our slots (the BPF side gets -ENOENT until the taker's are
+        in), wait for BPF programs writing through them to finish, then point our map
+        fd at /dev/null: perf_buffer__free deletes slots through it, and they will be
+        the taker's. Our rings keep what was written: the reader drains them."""
+        rings = self._rings
+        if rings is not None:
+            lb.delete_slots(self._map_fd, [ring.cpu for ring in rings.rings])
+            lb.rcu_grace_period()
+            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.dup2(null, self._map_fd, inheritable=False)
+            finally:
+                os.close(null)
+        return True
 
     def after_fork(self) -> None:
         """In a child process: close this process's fds only (see PerfRings.forget_after_fork)."""

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
     "_errors": 0, "_log": 0, "_prototypes": 0,
-    "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1,
+    "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1, "_map_lock": 1,
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
     "_layout": 2,
     "_source": 3, "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
