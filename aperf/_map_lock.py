@@ -99,6 +99,13 @@ def _describe(pid: int) -> str:
     return f"pid {pid} ({words[:80]})" if words else f"pid {pid}"
 
 
+def _unusable(path: str, err: int | None, reason: str | None) -> OSError:
+    return OSError(
+        err, f"cannot use the map lock file {path} ({reason}); set {LOCK_DIR_ENV} to a "
+        "directory that every aperf reader of this host can write", path,
+    )
+
+
 def _cpus(runs: Sequence[tuple[int, int]]) -> str:
     return ",".join(f"{s}" if n == 1 else f"{s}-{s + n - 1}" for s, n in runs)
 
@@ -163,11 +170,14 @@ class MapLock:
         """Open (or make) the lock file; never through a symlink, never anything but a file."""
         path = lock_path(self.map_id)
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o666)
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            raise _unusable(path, exc.errno, exc.strerror) from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise OSError(errno.EINVAL, f"{path} is not a regular file")
+                raise _unusable(path, errno.EINVAL, "not a regular file")
             if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o666:
                 os.fchmod(fd, 0o666)  # readers of other users lock it too (umask aside)
         except BaseException:

@@ -229,3 +229,12 @@ def test_the_lock_file_is_never_followed_through_a_symlink(lock_dir: Path) -> No
     with pytest.raises(OSError):
         ml.lock_map(MAP_ID, "test", [0])
     assert target.read_text() == "keep me"
+
+
+def test_take_over_is_checked_when_the_stream_is_made() -> None:
+    from aperf.testing import FakeRingSource
+
+    with pytest.raises(TypeError, match="take_over must be True or False"):
+        aperf.PerfStream(FakeRingSource(cpus=[0]), take_over="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="only a map"):
+        aperf.PerfBuffer(FakeRingSource(cpus=[0]), on_sample=print, take_over=True)
