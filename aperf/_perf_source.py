@@ -158,7 +158,9 @@ class MapBackedSource:
             if holder is not None:
                 raise BusyResourceError(
                     f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
-                    f"a second reader would {self._takeover}. Close the first one."
+                    f"a second reader would {self._takeover}. Close the first one"
+                    + (" (take_over=True takes a map from a reader in another process only)."
+                       if self.take_over else ".")
                 )
             _claims[self.map_id] = f"a stream opened as {self.name}"
             self._claimed = self.map_id
