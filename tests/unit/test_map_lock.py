@@ -211,15 +211,22 @@ def test_a_forged_request_ends_nothing(others: list[Other]) -> None:
 def test_a_forked_child_holds_nothing() -> None:
     lock = ml.lock_map(MAP_ID, "test", [0])
     assert lock is not None
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the lock's fds are closed; it lives on, holding no slot
+        os.close(done_w)
+        os.read(done_r, 1)
+        os._exit(0 if lock.notice == -1 else 1)
+    os.close(done_r)
     try:
-        pid = os.fork()
-        if pid == 0:  # the child: the lock's fds are closed, it holds no slot
-            code = 0 if lock.notice == -1 else 1
-            os._exit(code)
-        assert os.waitpid(pid, 0)[1] == 0
-        assert Path(ml.lock_path(MAP_ID)).exists()
+        assert "is read by pid" in lock_elsewhere([0])
+        lock.release()
+        assert lock_elsewhere([0]) == "ok"  # the child, alive, does not hold it
     finally:
         lock.release()
+        os.write(done_w, b"x")
+        os.close(done_w)
+        assert os.waitpid(pid, 0)[1] == 0
 
 
 def test_the_lock_file_is_never_followed_through_a_symlink(lock_dir: Path) -> None:
