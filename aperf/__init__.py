@@ -34,6 +34,7 @@ from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
 from ._errors import PinnedPathError as PinnedPathError
 from ._errors import RingSizeError as RingSizeError
+from ._errors import TakenOverError as TakenOverError
 from ._errors import UnknownNameError as UnknownNameError
 from ._errors import VerifierError as VerifierError
 from ._events import BadSample as BadSample
@@ -93,6 +94,7 @@ __all__ = [
     "SampleArray",
     "StreamStatistics",
     "Tails",
+    "TakenOverError",
     "UnknownNameError",
     "VerifierError",
     "Wakeup",

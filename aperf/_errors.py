@@ -222,6 +222,27 @@ class BusyResourceError(AperfError, anyio.BusyResourceError):
         Exception.__init__(self, message)  # anyio's __init__ would wrap it in its own sentence
 
 
+class TakenOverError(AperfError, anyio.BrokenResourceError):
+    """Another aperf reader took the map over (``take_over=True``): this stream ends.
+
+    It comes through the stream in order, after every event this reader had
+    taken out of its rings, and ends it. ``pid`` is the taker's process id
+    (the kernel's word; 0 if it is in another pid namespace), ``map_id`` the
+    map's kernel id. Also an ``anyio.BrokenResourceError``: the stream was made
+    unusable by an external cause.
+    """
+
+    def __init__(self, name: str, map_id: int, pid: int) -> None:
+        who = f"pid {pid}" if pid > 0 else "a process in another pid namespace"
+        super().__init__(
+            f"map {name} (id {map_id}) was taken over by {who} (take_over=True): this "
+            "reader's stream ends here, after every event it had"
+        )
+        self.name = name
+        self.map_id = map_id
+        self.pid = pid
+
+
 class BrokenRingError(AperfError):
     """A ring held a corrupt record header; that ring was stopped."""
 

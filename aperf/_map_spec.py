@@ -1,9 +1,9 @@
 """What every map-backed ring source does: turn what the user passed (a
 ``MapSpec``: an ``aperf.Map``, a map fd, a pinned path) into an fd of its own,
-check the kernel's facts about it, and claim the map so that a second reader in
-this process stays off it (``MapBackedSource``, the base of the perf event
-array, BPF ring buffer and eBPF for Windows sources); and how their rings are
-read (``ring_access``).
+check the kernel's facts about it, and claim the map so that a second reader, in
+this process or (through the map lock, ``_map_lock``) in another, stays off it
+(``MapBackedSource``, the base of the perf event array, BPF ring buffer and eBPF
+for Windows sources); and how their rings are read (``ring_access``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import platform
 import threading
+from collections.abc import Sequence
 
 from . import _libbpf as lb
 from ._errors import BusyResourceError, ClosedResourceError, LibbpfError, MapTypeError
+from ._map_lock import MapLock, lock_map
 from ._object import Map
+from ._source import SourceEnded
 
 MapSpec = Map | int | str | os.PathLike[str]
 """What ``PerfStream``/``PerfBuffer`` accept besides a ring source: a map, its fd, a pinned path."""
@@ -124,8 +127,8 @@ def ring_access() -> str:
 class MapBackedSource:
     """What every map-backed source shares (perf event arrays, Linux here and eBPF
     for Windows in ``_ebpfwin``; BPF ring buffers in ``_ringbuf_source``): the map the
-    user named, its name, sizes once open, and the claim that keeps a second reader in
-    this process off the same map."""
+    user named, its name, sizes once open, and the claim that keeps a second reader off
+    the same map: in this process, and in others through the map lock (``_map_lock``)."""
 
     _takeover = "silently take its CPU slots"  # what a second reader would do
 
@@ -136,6 +139,10 @@ class MapBackedSource:
         self._ring_bytes = 0
         self._memory_bytes = 0
         self.map_id = 0
+        self.take_over = False  # PerfStream(take_over=True): ask another process's reader
+        self._map_lock: MapLock | None = None
+        self._notice_fd = -1
+        self._ended: SourceEnded | None = None  # once taken over
 
     @property
     def object(self) -> object | None:
@@ -150,18 +157,53 @@ class MapBackedSource:
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
-    def _claim(self) -> None:
+    @property
+    def notices(self) -> list[int]:
+        """The map lock's take-over notice handle, while open (see ``acknowledge``)."""
+        return [self._notice_fd] if self._notice_fd >= 0 else []
+
+    def _claim(self, slots: Sequence[int] = ()) -> None:
+        """Claim the map in this process, then lock ``slots`` (map keys) across processes."""
         with _claims_lock:
             holder = _claims.get(self.map_id)
             if holder is not None:
                 raise BusyResourceError(
                     f"map {self.name} (id {self.map_id}) already feeds {holder} in this process; "
-                    f"a second reader would {self._takeover}. Close the first one."
+                    f"a second reader would {self._takeover}. Close the first one"
+                    + (" (take_over=True takes a map from a reader in another process only)."
+                       if self.take_over else ".")
                 )
             _claims[self.map_id] = f"a stream opened as {self.name}"
             self._claimed = self.map_id
+        self._ended = None
+        self._map_lock = lock_map(self.map_id, self.name, slots, take_over=self.take_over)
+        if self._map_lock is not None:
+            self._notice_fd = self._map_lock.notice
+
+    def _taken_over(self) -> None:
+        """The notice handle fired: if another process's reader took the map over, give
+        it up (``_give_up``), unlock it, and end this source (``SourceEnded``)."""
+        if self._ended is not None:
+            raise self._ended  # acknowledged twice (trio's watcher, then the reader)
+        held = self._map_lock
+        error = held.taken_over() if held is not None else None
+        if held is None or error is None:
+            return
+        drain = self._give_up()
+        held.give_up()
+        self._ended = SourceEnded(error, drain=drain)
+        raise self._ended
+
+    def _give_up(self) -> bool:
+        """Stop touching the map before the taker starts; True if our rings still hold
+        records for us to read."""
+        raise NotImplementedError
 
     def _release_claim(self) -> None:
+        held, self._map_lock = self._map_lock, None
+        self._notice_fd = -1
+        if held is not None:
+            held.release()
         if self._claimed:
             with _claims_lock:
                 _claims.pop(self._claimed, None)

@@ -132,7 +132,7 @@ class PerfEventArraySource(MapBackedSource):
             # As libbpf does: a slot per CPU id, CPUs beyond max_entries get no ring.
             log.warning("perf map smaller than cpu count", map=self.name,
                         max_entries=facts.max_entries, skipped=[c for c in cpus if c not in usable])
-        self._claim()
+        self._claim(usable)
         ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = perf_wakeup(config.wakeup, ring_bytes)
         pages = ring_bytes // PAGE_SIZE
@@ -165,7 +165,26 @@ class PerfEventArraySource(MapBackedSource):
         return rings
 
     def acknowledge(self, handle: int) -> None:
-        """Nothing to do: polling a perf fd clears its readiness."""
+        """Nothing to do for a ring: polling a perf fd clears its readiness. The map
+        lock's notice: a take-over request, maybe (``SourceEnded``)."""
+        if handle == self._notice_fd:
+            self._taken_over()
+
+    def _give_up(self) -> bool:
+        """Taken over: empty our slots (the BPF side gets -ENOENT until the taker's are
+        in), wait for BPF programs writing through them to finish, then point our map
+        fd at /dev/null: perf_buffer__free deletes slots through it, and they will be
+        the taker's. Our rings keep what was written: the reader drains them."""
+        rings = self._rings
+        if rings is not None:
+            lb.delete_slots(self._map_fd, [ring.cpu for ring in rings.rings])
+            lb.rcu_grace_period()
+            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.dup2(null, self._map_fd, inheritable=False)
+            finally:
+                os.close(null)
+        return True
 
     def after_fork(self) -> None:
         """In a child process: close this process's fds only (see PerfRings.forget_after_fork)."""

@@ -37,7 +37,7 @@ from ._events import (
 )
 from ._log import log
 from ._options import Wakeup
-from ._source import Ring, RingSource, Run, Segment
+from ._source import Ring, RingSource, Run, Segment, SourceEnded
 
 if TYPE_CHECKING:
     from ._columnar import Columns
@@ -145,6 +145,8 @@ class Reader:
         self._handles: dict[int, list[Ring]] = {}
         for ring in rings:
             self._handles.setdefault(ring.handle, []).append(ring)
+        for handle in getattr(source, "notices", ()):  # handles of no ring (see SourceEnded)
+            self._handles.setdefault(handle, [])
         self.decoder = decoder
         self.decode_errors = decode_errors
         self.max_pending = max_pending
@@ -247,6 +249,10 @@ class Reader:
 
     # --- draining -------------------------------------------------------------------
 
+    def handles(self) -> list[int]:
+        """Every readiness handle the drivers wait on: the rings', then the source's notices."""
+        return list(self._handles)
+
     def watches(self, handle: int) -> bool:
         """Whether any live ring still has this readiness handle."""
         return handle in self._handles
@@ -254,9 +260,12 @@ class Reader:
     def on_ready(self, handle: int) -> int:
         """A handle fired: clear it, then drain its rings unless the queue is full."""
         rings = self._handles.get(handle)
-        if not rings:
+        if rings is None:
             return 0
-        self.source.acknowledge(handle)
+        try:
+            self.source.acknowledge(handle)
+        except SourceEnded as end:
+            return self.end(end.error, drain=end.drain)
         added = 0
         for ring in rings:
             counters = self.counters.get(ring.key)
@@ -366,6 +375,15 @@ class Reader:
         """Queue an exception, in order, for the consumer to raise when it gets there."""
         self.queue.append(_Failure(exc))
         self.pending += 1
+
+    def end(self, error: BaseException, *, drain: bool) -> int:
+        """The source is over for good: queue what the rings hold (unless ``drain`` is
+        False: then they are no longer ours), then ``error``; look at nothing more."""
+        if not drain:
+            self.rings = {}
+        self.close()
+        self.push_failure(error)
+        return 1
 
     def drain_all(self, *, force: bool = False) -> int:
         """Check every ring: waking up userspace is expensive, make the most of it."""

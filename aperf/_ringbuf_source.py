@@ -111,7 +111,7 @@ class RingBufferSource(MapBackedSource):
                 f"(max_entries); pages/ring_bytes asked for {config.ring_bytes}: leave them out"
             )
         self.map_id = facts.id
-        self._claim()
+        self._claim([0])  # one ring: the whole map
         fd = self._map_fd
         self._consumer = mmap.mmap(
             fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
@@ -136,6 +136,9 @@ class RingBufferSource(MapBackedSource):
 
     def acknowledge(self, handle: int) -> None:
         """Take the wakeups off the epoll fd (edge-triggered: they are reported once)."""
+        if handle == self._notice_fd:
+            self._taken_over()
+            return
         epoll = self._epoll
         if epoll is None:
             return
@@ -143,6 +146,11 @@ class RingBufferSource(MapBackedSource):
             if fd == self._more_fd:
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(fd)
+
+    def _give_up(self) -> bool:
+        """Taken over: the ring and its consumer position are the taker's from now on.
+        What we took out of it is ours to deliver; what it still holds is the taker's."""
+        return False
 
     def free(self) -> None:
         """Drop the ring's views, unmap, close the epoll fd, the eventfd and our map fd."""

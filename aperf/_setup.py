@@ -154,8 +154,18 @@ class ReaderOptions:
         decoder: DecoderSpec,
         max_pending: int,
         decode_errors: DecodeErrorPolicy,
+        take_over: bool = False,
     ) -> ReaderOptions:
         ring_source = resolve_source(source)
+        if take_over is not False:
+            if take_over is not True:
+                raise TypeError(f"take_over must be True or False, not {take_over!r}")
+            if not hasattr(ring_source, "take_over"):
+                raise TypeError(
+                    "take_over=True: only a map (or a map's source) has a reader in another "
+                    f"process to take it from, not {type(ring_source).__name__}"
+                )
+            ring_source.take_over = True
         return cls(
             source=ring_source,
             ring_bytes=ring_data_bytes(pages, ring_bytes),

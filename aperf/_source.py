@@ -124,6 +124,17 @@ class Ring(Protocol):
         ...
 
 
+class SourceEnded(Exception):
+    """Raised by a source's ``acknowledge(handle)`` when the source is over for good
+    (e.g. another process took its map over): the reader queues what its rings
+    hold if ``drain`` (they are still this reader's), then ``error``, and stops."""
+
+    def __init__(self, error: BaseException, *, drain: bool) -> None:
+        super().__init__(error)
+        self.error = error
+        self.drain = drain
+
+
 @dataclass(frozen=True)
 class RingConfig:
     """What a driver asks of a source when it opens it."""
@@ -156,7 +167,12 @@ class RingSource(Protocol):
         ...
 
     def acknowledge(self, handle: int) -> None:
-        """Clear ``handle``'s readiness before its rings are read."""
+        """Clear ``handle``'s readiness before its rings are read.
+
+        A source may also have ``notices``: readiness handles of no ring that the
+        drivers wait on too (a map lock's take-over requests). Their
+        ``acknowledge`` may raise ``SourceEnded``.
+        """
         ...
 
     def free(self) -> None:

@@ -86,6 +86,11 @@ class PerfStream(Generic[T]):
     BadSample`` where ``T`` is what the decoder returns. ``stream.arrays()``
     (and ``on_array=`` in callback mode) gives NumPy arrays of samples instead
     (docs/columnar.md).
+
+    One aperf reader per map, in any process: opening a map that another reader
+    holds raises ``BusyResourceError`` naming its pid, unless ``take_over=True``,
+    which asks that reader to give the map up (its stream then ends with
+    [`aperf.TakenOverError`][aperf.TakenOverError]); see docs/rings.md, "Two readers of one map".
     """
 
     @overload
@@ -104,6 +109,7 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Event[None]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        take_over: bool = ...,
     ) -> None: ...
 
     @overload
@@ -122,6 +128,7 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        take_over: bool = ...,
     ) -> None: ...
 
     @overload
@@ -140,6 +147,7 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Event[T]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        take_over: bool = ...,
     ) -> None: ...
 
     def __init__(
@@ -157,11 +165,12 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Any]], Any] | None = None,
         on_decode_error: Callback | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        take_over: bool = False,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=max_pending, decode_errors=decode_errors,
+            max_pending=max_pending, decode_errors=decode_errors, take_over=take_over,
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
@@ -201,7 +210,7 @@ class PerfStream(Generic[T]):
         held = _Held(loop, reader)
         try:
             # Weakly: a registration must not keep a dropped stream alive.
-            handles = list({ring.handle: None for ring in reader.rings.values()})
+            handles = reader.handles()
             loop.watch(handles, weak_callback(self._on_ready), source.acknowledge)
         except BaseException:
             held.release()

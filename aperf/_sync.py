@@ -106,7 +106,7 @@ class _Held:
         self.forked = False
         try:
             self.waiter = handle_waiter(
-                reader.source.handle_kind, {ring.handle for ring in reader.rings.values()}
+                reader.source.handle_kind, reader.handles()
             )
         except BaseException:
             reader.source.free()
@@ -157,6 +157,9 @@ class PerfBuffer(Generic[T]):
     after the failing one stay queued and are handed over by the next call.
     ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
     ([`SampleArray`][aperf.SampleArray], docs/columnar.md); the counts are still of samples.
+    ``take_over=True`` takes the map from an aperf reader in another process, as
+    for ``PerfStream``; this buffer, if taken over, learns it in ``poll()``, which
+    then raises [`aperf.TakenOverError`][aperf.TakenOverError] after the events it had.
     """
 
     @overload
@@ -173,6 +176,7 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        take_over: bool = ...,
     ) -> None: ...
 
     @overload
@@ -189,6 +193,7 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        take_over: bool = ...,
     ) -> None: ...
 
     @overload
@@ -205,6 +210,7 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        take_over: bool = ...,
     ) -> None: ...
 
     def __init__(
@@ -220,13 +226,14 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = "item",
         wakeup: Wakeup | str | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        take_over: bool = False,
     ) -> None:
         if on_sample is None and on_array is None:
             raise ValueError("PerfBuffer needs an on_sample (or, columnar, an on_array) callback")
         self._handlers = Handlers(on_sample, on_lost, on_decode_error, on_array)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors,
+            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors, take_over=take_over,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now

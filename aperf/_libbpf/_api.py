@@ -725,6 +725,32 @@ class RingHandle:
     memory: RingMemory
 
 
+def delete_slots(map_fd: int, keys: list[int]) -> None:
+    """Empty these slots of a perf event array (a slot already empty is fine)."""
+    for key in keys:
+        try:
+            c.bpf_map_delete_elem(map_fd, key.to_bytes(4, sys.byteorder))
+        except LibbpfError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+
+_SYS_MEMBARRIER = {"x86_64": 324, "aarch64": 283}
+_MEMBARRIER_CMD_GLOBAL = 1  # implemented with synchronize_rcu()
+
+
+def rcu_grace_period() -> bool:
+    """Wait until every BPF program running now has returned (an RCU grace period, by
+    ``membarrier(MEMBARRIER_CMD_GLOBAL)``): one that read a map slot just before it was
+    deleted has then finished writing. False where this cannot be waited for."""
+    number = _SYS_MEMBARRIER.get(os.uname().machine)
+    if number is None:
+        return False
+    syscall = ctypes.CDLL(None, use_errno=True).syscall  # libc's; variadic, so typed here
+    return int(syscall(ctypes.c_long(number), ctypes.c_int(_MEMBARRIER_CMD_GLOBAL),
+                       ctypes.c_uint(0))) == 0
+
+
 class PerfRings:
     """libbpf's ``perf_buffer`` for one map: one ring per listed CPU, slots keyed by CPU id."""
 

@@ -185,6 +185,7 @@ bpf_map_update_elem = int_fn(
 bpf_map_lookup_elem = int_fn(
     "bpf_map_lookup_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 )
+bpf_map_delete_elem = int_fn("bpf_map_delete_elem", ctypes.c_int, ctypes.c_void_p)
 bpf_obj_get = int_fn("bpf_obj_get", ctypes.c_char_p)
 bpf_obj_pin = int_fn("bpf_obj_pin", ctypes.c_int, ctypes.c_char_p)
 bpf_obj_get_info_by_fd = int_fn(

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
     "_errors": 0, "_log": 0, "_prototypes": 0, "_privileges": 0,
-    "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1,
+    "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1, "_map_lock": 1,
     # The seam (_source: the protocols and the segment types every format hands the
     # reader) sits on the formats' floor, under the sources that implement it.
     "_source": 2,
