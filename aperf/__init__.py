@@ -12,8 +12,8 @@ layout, bottom up (nothing imports upward):
   ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
   (``aperf.testing.FakeRingSource``) implement it
 - ``_reader``: the one reading policy (queue, drain clock, dispatch, backpressure)
-- ``_setup``, ``_loops`` (asyncio, uvloop), ``_trio``, ``_stream``, ``_sync``: the drivers
-  (async, sync) that only wait
+- ``_setup``, ``_waiting/`` (how to wait: asyncio, uvloop, trio, epoll), ``_stream``,
+  ``_sync``: the drivers (async, sync) that only wait
 """
 
 from . import decoders as decoders

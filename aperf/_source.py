@@ -13,18 +13,14 @@ read, so a wakeup that arrives while they are read is not lost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from ._options import Wakeup
 from ._perf_format import Segment
-
-OnHandle = Callable[[int], None]
-"""A function of a readiness handle: a driver's ``on_ready``, a source's ``acknowledge``."""
-
-HandleKind = Literal["fd", "win32"]
-"""What a readiness handle is: a file descriptor to poll for input, or a Windows wait handle."""
+from ._waiting.base import HandleKind as HandleKind  # what sources say their handles are
+from ._waiting.base import OnHandle as OnHandle
 
 
 class RecordFormat(Protocol):

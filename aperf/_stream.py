@@ -18,7 +18,6 @@ from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack, weak_callback
 from ._log import log
-from ._loops import LoopBinding, current_binding
 from ._options import Wakeup
 from ._reader import (
     DEFAULT_BATCH,
@@ -29,6 +28,8 @@ from ._reader import (
     load_columns,
 )
 from ._setup import ReaderOptions, SourceSpec
+from ._waiting import current_binding
+from ._waiting.base import LoopBinding
 
 Callback = Callable[[Any], Any]
 CLOSE_TIMEOUT = 10.0

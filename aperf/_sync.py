@@ -7,16 +7,13 @@ reader; the policy is the reader's, as for the async driver.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
 import struct
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, Protocol, overload
+from collections.abc import Callable
+from typing import Any, Generic, overload
 
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
@@ -32,67 +29,7 @@ from ._reader import (
     load_columns,
 )
 from ._setup import ReaderOptions, SourceSpec
-from ._source import HandleKind
-
-
-class HandleWaiter(Protocol):
-    """What waits on a source's readiness handles without an event loop."""
-
-    def wait(self, timeout: float) -> list[int]:
-        """The handles ready within ``timeout`` seconds (negative: no limit); [] on
-        timeout or ``interrupt()``."""
-        ...
-
-    def interrupt(self) -> None:
-        """Wake a wait in another thread (close() does, before taking the lock)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class _EpollWaiter:
-    """Ring fds in an epoll set, with an eventfd in that set for ``interrupt()``."""
-
-    def __init__(self, fds: Iterable[int]) -> None:
-        self.wake_fd = -1
-        self.epoll = select.epoll()
-        try:
-            for fd in fds:
-                self.epoll.register(fd, select.EPOLLIN)
-            self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self.epoll.register(self.wake_fd, select.EPOLLIN)
-        except BaseException:
-            self.close()
-            raise
-
-    def wait(self, timeout: float) -> list[int]:
-        ready = []
-        for fd, _ in self.epoll.poll(timeout):  # retries EINTR itself (PEP 475)
-            if fd == self.wake_fd:
-                # close()'s, or not ours (e.g. a forked child's close)
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self.wake_fd)
-            else:
-                ready.append(fd)
-        return ready
-
-    def interrupt(self) -> None:
-        if self.wake_fd >= 0:
-            os.eventfd_write(self.wake_fd, 1)
-
-    def close(self) -> None:
-        self.epoll.close()
-        if self.wake_fd >= 0:
-            os.close(self.wake_fd)
-            self.wake_fd = -1
-
-
-def handle_waiter(kind: HandleKind, handles: Iterable[int]) -> HandleWaiter:
-    if kind == "win32":
-        from ._ebpfwin import Win32Waiter
-
-        return Win32Waiter(handles)
-    return _EpollWaiter(handles)
+from ._waiting import handle_waiter
 
 
 class _Held:

@@ -25,8 +25,8 @@ import trio
 
 import aperf
 from aperf._ebpfwin import WindowsPerfSource
-from aperf._loops import ThreadedHandleBinding
-from aperf._trio import TrioBinding
+from aperf._waiting.asyncio import ThreadedHandleBinding
+from aperf._waiting.trio import TrioBinding
 
 from .conftest import FakeEbpf
 
