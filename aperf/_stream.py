@@ -18,15 +18,8 @@ from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack, weak_callback
 from ._log import log
-from ._options import Wakeup
-from ._reader import (
-    DEFAULT_BATCH,
-    DEFAULT_MAX_PENDING,
-    DecodeErrorPolicy,
-    Handlers,
-    Reader,
-    load_columns,
-)
+from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._reader import DEFAULT_BATCH, Handlers, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._waiting import current_binding
 from ._waiting.base import LoopBinding
@@ -202,8 +195,7 @@ class PerfStream(Generic[T]):
         held = _Held(loop, reader)
         try:
             # Weakly: a registration must not keep a dropped stream alive.
-            handles = list({ring.handle: None for ring in reader.rings.values()})
-            loop.watch(handles, weak_callback(self._on_ready), source.acknowledge)
+            loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge)
         except BaseException:
             held.release()
             raise
@@ -222,7 +214,7 @@ class PerfStream(Generic[T]):
         log.info(
             "perf stream opened",
             source=source.name,
-            cpus=sorted(reader.rings),
+            cpus=reader.keys(),
             ring_bytes=reader.ring_bytes,
             memory_bytes=reader.memory_bytes,
             wakeup=reader.wakeup,
@@ -385,6 +377,18 @@ class PerfStream(Generic[T]):
             self._sync_timer()  # taking resumed a parked timer
         return batch
 
+    def _fill(self, reader: Reader, max_items: int) -> bool:
+        filled = reader.fill(max_items)
+        if reader.deadline != self._timer_at:
+            self._sync_timer()  # taking resumed a parked timer
+        return filled
+
+    def _fill_arrays(self, reader: Reader, max_rows: int | None) -> bool:
+        filled = reader.fill_arrays(max_rows)
+        if reader.deadline != self._timer_at:
+            self._sync_timer()
+        return filled
+
     async def _wait(self) -> None:
         assert self._loop is not None
         await self._loop.wait()
@@ -395,7 +399,7 @@ class PerfStream(Generic[T]):
         # break out of ``async for``: there, an iterator object serves.
         if self._generators_warn():
             reader = self._require_open()
-            return _Items(self, reader.held, lambda: self._take(reader, DEFAULT_BATCH))
+            return _Items(self, reader.next_event, lambda: self._fill(reader, DEFAULT_BATCH))
         return self._events()
 
     def _generators_warn(self) -> bool:
@@ -419,21 +423,18 @@ class PerfStream(Generic[T]):
         # when a consumer stops (break, cancellation, an exception in its loop body)
         # the next iteration continues exactly where it left off: nothing is dropped.
         reader = self._require_open()
-        held = reader.held
-        popleft = held.popleft
+        next_event = reader.next_event
         while True:
-            if held:
-                yield popleft()
-                continue
-            batch = self._take(reader, DEFAULT_BATCH)
-            if batch:
-                # In front: taking may have left events behind it (a columnar
-                # consumer's arrays, turned back into events).
-                held.extendleft(reversed(batch))
-            elif self._closed:
-                return
-            else:
+            try:
+                event = next_event()
+            except IndexError:
+                if self._fill(reader, DEFAULT_BATCH):
+                    continue
+                if self._closed:
+                    return
                 await self._wait()
+                continue
+            yield event
 
     def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Event[T]]]:
         """Lists of up to ``max_items`` events, in stream order, without a per-item await:
@@ -487,25 +488,24 @@ class PerfStream(Generic[T]):
         reader = self._require_open()
         reader.columns()
         if self._generators_warn():  # trio: see __aiter__
-            return _Items(self, reader.held_arrays, lambda: self._take_arrays(reader, max_rows))
+            return _Items(self, reader.next_array, lambda: self._fill_arrays(reader, max_rows))
         return self._arrays(reader, max_rows)
 
     async def _arrays(self, reader: Reader, max_rows: int | None) -> AsyncIterator[Any]:
         # As _events: items wait in the reader's front queue, so a consumer that stops
         # iterating (break, cancellation, an exception) loses none of them.
-        held = reader.held_arrays
-        popleft = held.popleft
+        next_array = reader.next_array
         while True:
-            if held:
-                yield popleft()
-                continue
-            batch = self._take_arrays(reader, max_rows)
-            if batch:
-                held.extend(batch)
-            elif self._closed:
-                return
-            else:
+            try:
+                item = next_array()
+            except IndexError:
+                if self._fill_arrays(reader, max_rows):
+                    continue
+                if self._closed:
+                    return
                 await self._wait()
+                continue
+            yield item
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()
@@ -527,7 +527,7 @@ class PerfStream(Generic[T]):
     @property
     def cpus(self) -> list[int]:
         """The ring keys (CPU ids) of the open stream."""
-        return sorted(self._require_open().counters)
+        return self._require_open().keys()
 
     @property
     def wakeup(self) -> Wakeup:
@@ -544,29 +544,29 @@ class _Items(Generic[T]):
     (break, cancellation) loses nothing.
     """
 
-    __slots__ = ("_held", "_stream", "_take")
+    __slots__ = ("_fill", "_next", "_stream")
 
-    def __init__(self, stream: PerfStream[T], held: Any, take: Callable[[], list[Any]]) -> None:
+    def __init__(
+        self, stream: PerfStream[T], next_item: Callable[[], Any], fill: Callable[[], bool]
+    ) -> None:
         self._stream = stream
-        self._held = held
-        self._take = take
+        self._next = next_item
+        self._fill = fill
 
     def __aiter__(self) -> _Items[T]:
         return self
 
     async def __anext__(self) -> Any:
-        held = self._held
-        while not held:
+        try:
+            return self._next()
+        except IndexError:
+            pass
+        while not self._fill():
             stream = self._stream
-            batch = self._take()
-            if batch:
-                # In front: taking may have left items behind it (as in _events).
-                held.extendleft(reversed(batch))
-            elif stream.closed:
+            if stream.closed:
                 raise StopAsyncIteration
-            else:
-                await stream._wait()
-        return held.popleft()
+            await stream._wait()
+        return self._next()
 
 
 class _Batches(Generic[T]):

@@ -19,15 +19,8 @@ from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import forked_error, track, untrack
 from ._log import log
-from ._options import Wakeup
-from ._reader import (
-    DEFAULT_BATCH,
-    DEFAULT_MAX_PENDING,
-    DecodeErrorPolicy,
-    Handlers,
-    Reader,
-    load_columns,
-)
+from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._reader import DEFAULT_BATCH, Handlers, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._waiting import handle_waiter
 
@@ -42,9 +35,7 @@ class _Held:
         self.reader = reader
         self.forked = False
         try:
-            self.waiter = handle_waiter(
-                reader.source.handle_kind, {ring.handle for ring in reader.rings.values()}
-            )
+            self.waiter = handle_waiter(reader.source.handle_kind, reader.handles())
         except BaseException:
             reader.source.free()
             raise
@@ -178,7 +169,7 @@ class PerfBuffer(Generic[T]):
         track(self._held)
         reader = self._held.reader
         log.info("perf buffer opened", source=options.source.name,
-                 cpus=sorted(reader.rings), ring_bytes=reader.ring_bytes,
+                 cpus=reader.keys(), ring_bytes=reader.ring_bytes,
                  wakeup=self._wakeup, lost_counter=reader.lost_counter)
 
     # --- libbpf's API -------------------------------------------------------------------
@@ -186,21 +177,21 @@ class PerfBuffer(Generic[T]):
     @property
     def buffer_cnt(self) -> int:
         """Number of rings (one per online CPU that has a map slot)."""
-        return len(self._require_open().reader.counters)
+        return len(self._require_open().reader.keys())
 
     @property
     def cpus(self) -> list[int]:
         """The CPU id of each ring, in order."""
-        return sorted(self._require_open().reader.counters)
+        return self._require_open().reader.keys()
 
     def buffer_fd(self, cpu: int) -> int:
         """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
 
         On Windows: the perf buffer's wait handle, which every ring shares."""
-        ring = self._require_open().reader.rings.get(cpu)
-        if ring is None:
+        handle = self._require_open().reader.handle_of(cpu)
+        if handle is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
-        return ring.handle
+        return handle
 
     def poll(self, timeout_ms: int = -1) -> int:
         """Wait up to ``timeout_ms`` (negative: for ever) and handle what is ready.
@@ -214,7 +205,7 @@ class PerfBuffer(Generic[T]):
         with self._lock:
             held = self._require_open()
             reader = held.reader
-            if reader.pending or reader.held or reader.held_arrays:
+            if reader.has_events():
                 return self._dispatch(reader)
             deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
             while True:
@@ -231,7 +222,7 @@ class PerfBuffer(Generic[T]):
                     reader.on_ready(handle)
                 if ticking and tick_at is not None and time.monotonic() >= tick_at:
                     reader.tick()
-                if reader.pending:
+                if reader.has_events():
                     return self._dispatch(reader)
                 if deadline is not None and time.monotonic() >= deadline:
                     return 0
@@ -247,8 +238,9 @@ class PerfBuffer(Generic[T]):
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
         with self._lock:
             reader = self._require_open().reader
-            if cpu not in reader.counters:
-                raise ValueError(f"no ring for CPU {cpu!r}; rings: {sorted(reader.counters)}")
+            keys = reader.keys()
+            if cpu not in keys:
+                raise ValueError(f"no ring for CPU {cpu!r}; rings: {keys}")
             reader.drain(cpu, force=True)
             return self._dispatch(reader)
 
