@@ -9,15 +9,12 @@ from __future__ import annotations
 import inspect
 import struct
 import threading
-import warnings
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics, T
-from ._lifetime import forked_error, track, untrack, weak_callback
-from ._log import log
+from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._reader import DEFAULT_BATCH, Handlers, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
@@ -29,40 +26,13 @@ CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
 
 
-class _Held:
-    """What an open stream holds: released by close, or at garbage collection."""
+def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
+    """How a dropped stream's release gets to its loop's thread, when that runs elsewhere."""
 
-    __slots__ = ("__weakref__", "forked", "loop", "reader")
+    def hand_over(release: Callable[[], None]) -> bool:
+        return loop.running() and not loop.in_loop_thread() and loop.call_soon_threadsafe(release)
 
-    def __init__(self, loop: LoopBinding, reader: Reader) -> None:
-        self.loop = loop
-        self.reader = reader
-        self.forked = False  # set in a child process that inherited the stream
-
-    def release(self) -> None:
-        """Unwatch, then free the rings (the stream's own close drains first)."""
-        if self.forked:
-            self.reader.source.after_fork()  # never the loop: its epoll is the parent's too
-            return
-        try:
-            self.loop.stop()
-        finally:
-            self.reader.source.free()
-
-
-def _release_dropped(held: _Held, name: str) -> None:
-    """The stream was garbage-collected without being closed."""
-    warnings.warn(
-        f"unclosed PerfStream on {name}: use 'async with' or aclose(); its rings were "
-        "released at garbage collection",
-        ResourceWarning,
-        stacklevel=2,
-    )
-    loop = held.loop
-    in_other_thread = not held.forked and loop.running() and not loop.in_loop_thread()
-    if in_other_thread and loop.call_soon_threadsafe(held.release):
-        return  # the loop thread unwatches and frees
-    held.release()
+    return hand_over
 
 
 class PerfStream(Generic[T]):
@@ -95,9 +65,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callback | None = ...,
         on_lost: Callback | None = ...,
-        on_batch: Callable[[list[Event[None]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        on_batch: Callable[[list[Event[None]]], Any] | None = ...,
     ) -> None: ...
 
     @overload
@@ -113,9 +83,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callback | None = ...,
         on_lost: Callback | None = ...,
-        on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
     ) -> None: ...
 
     @overload
@@ -131,9 +101,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callback | None = ...,
         on_lost: Callback | None = ...,
-        on_batch: Callable[[list[Event[T]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        on_batch: Callable[[list[Event[T]]], Any] | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -148,9 +118,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = "item",
         on_sample: Callback | None = None,
         on_lost: Callback | None = None,
-        on_batch: Callable[[list[Any]], Any] | None = None,
         on_decode_error: Callback | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        on_batch: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
@@ -175,8 +145,7 @@ class PerfStream(Generic[T]):
                              "callback")
         self._reader: Reader | None = None
         self._loop: LoopBinding | None = None
-        self._held: _Held | None = None
-        self._finalizer: Any = None  # weakref.finalize, once open
+        self._held: OpenReader | None = None
         self._timer_at: float | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -192,7 +161,8 @@ class PerfStream(Generic[T]):
         source = self._options.source
         loop = current_binding(source.handle_kind)
         reader = self._options.open(loop.time)
-        held = _Held(loop, reader)
+        held = OpenReader(reader, loop.stop, what="PerfStream", noun="perf stream",
+                          stop_in_child=False, hand_over=_on_loop_thread(loop))
         try:
             # Weakly: a registration must not keep a dropped stream alive.
             loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge)
@@ -203,23 +173,13 @@ class PerfStream(Generic[T]):
         self._loop = loop
         self._held = held
         self._tick_callback = weak_callback(self._tick)
-        track(held)
-        self._finalizer = weakref.finalize(self, _release_dropped, held, source.name)
+        held.opened(self, "'async with' or aclose()")
         # Arming a perf fd polls it, which clears a wakeup that came between opening the
         # rings and arming them; uvloop arms on its next iteration. So the first look
         # at the rings is a tick of the drain timer, due now: it runs on the loop after
         # the arm (the trio binding looks once more after its own first arm).
         reader.deadline = loop.time()
         self._sync_timer()
-        log.info(
-            "perf stream opened",
-            source=source.name,
-            cpus=reader.keys(),
-            ring_bytes=reader.ring_bytes,
-            memory_bytes=reader.memory_bytes,
-            wakeup=reader.wakeup,
-            lost_counter=reader.lost_counter,
-        )
 
     async def __aenter__(self) -> PerfStream[T]:
         await self.open()
@@ -277,25 +237,16 @@ class PerfStream(Generic[T]):
         with self._close_lock:
             if self._closed:
                 return
-            self._closed = True  # 1. mark closed
-        held, finalizer = self._held, self._finalizer
-        if finalizer is not None:
-            finalizer.detach()
+            self._closed = True  # mark closed, then close in the lifetime's order
+        held = self._held
         if held is None:
             return
-        untrack(held)
-        if held.forked:
-            held.release()  # the child's fds only; the parent's rings and loop untouched
-            return
+        forked = held.forked
         try:
-            held.loop.stop()  # 2. no loop callback may touch the rings from now on
-            held.reader.close()  # takes what the rings hold; forgets them
+            held.close()
         finally:
-            try:
-                held.reader.source.free()  # 3. rings unmapped, handles closed
-            finally:
-                held.reader.log_summary("perf stream closed")
-                self._wake()  # 4. a parked consumer sees the end
+            if not forked:
+                self._wake()  # then a parked consumer sees the end
 
     @property
     def closed(self) -> bool:
@@ -363,13 +314,12 @@ class PerfStream(Generic[T]):
     # --- consuming ---------------------------------------------------------------------
 
     def _require_open(self) -> Reader:
-        if self._reader is None:
+        held = self._held
+        if held is None:
             raise ClosedResourceError(
                 "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
             )
-        if self._held is not None and self._held.forked:
-            raise ClosedResourceError(forked_error("PerfStream"))
-        return self._reader
+        return held.usable()
 
     def _take(self, reader: Reader, max_items: int) -> list[Event[T]]:
         batch = reader.take(max_items)

@@ -10,63 +10,16 @@ from __future__ import annotations
 import struct
 import threading
 import time
-import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, Generic, overload
 
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
-from ._lifetime import forked_error, track, untrack
-from ._log import log
+from ._lifetime import OpenReader
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._reader import DEFAULT_BATCH, Handlers, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._waiting import handle_waiter
-
-
-class _Held:
-    """What an open buffer holds: the reader, and a waiter on its handles that
-    close() interrupts to wake a waiting poll()."""
-
-    __slots__ = ("__weakref__", "forked", "reader", "waiter")
-
-    def __init__(self, reader: Reader) -> None:
-        self.reader = reader
-        self.forked = False
-        try:
-            self.waiter = handle_waiter(reader.source.handle_kind, reader.handles())
-        except BaseException:
-            reader.source.free()
-            raise
-
-    def interrupt(self) -> None:
-        """Wake a poll() waiting in another thread (never from a forked child: the
-        eventfd is shared with the parent)."""
-        if not self.forked:
-            self.waiter.interrupt()
-
-    def release(self) -> None:
-        """Close the waiter, then free the rings (only the child's fds after a fork:
-        the rings and map slots are the parent's)."""
-        try:
-            self.waiter.close()
-        finally:
-            if self.forked:
-                self.reader.source.after_fork()
-            else:
-                self.reader.source.free()
-
-
-def _release_dropped(held: _Held, name: str) -> None:
-    """The buffer was garbage-collected without being closed."""
-    warnings.warn(
-        f"unclosed PerfBuffer on {name}: use 'with' or close(); its rings were released "
-        "at garbage collection",
-        ResourceWarning,
-        stacklevel=2,
-    )
-    held.release()
 
 
 class PerfBuffer(Generic[T]):
@@ -94,12 +47,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
+        decoder: None = ...,
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callable[[Sample[None]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
-        decoder: None = ...,
-        decode_errors: DecodeErrorPolicy = ...,
-        wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
@@ -110,12 +64,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
+        decoder: str | type | struct.Struct,
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callable[[Sample[Any]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
-        decoder: str | type | struct.Struct,
-        decode_errors: DecodeErrorPolicy = ...,
-        wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
@@ -126,12 +81,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
+        decoder: Callable[[bytes], T],
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callable[[Sample[T]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
-        decoder: Callable[[bytes], T],
-        decode_errors: DecodeErrorPolicy = ...,
-        wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
     ) -> None: ...
 
@@ -141,12 +97,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = None,
         ring_bytes: int | None = None,
+        decoder: Any = None,
+        wakeup: Wakeup | str | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        decode_errors: DecodeErrorPolicy = "item",
         on_sample: Callable[[Any], Any] | None = None,
         on_lost: Callable[[Lost], Any] | None = None,
         on_decode_error: Callable[[BadSample], Any] | None = None,
-        decoder: Any = None,
-        decode_errors: DecodeErrorPolicy = "item",
-        wakeup: Wakeup | str | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
     ) -> None:
         if on_sample is None and on_array is None:
@@ -154,7 +111,7 @@ class PerfBuffer(Generic[T]):
         self._handlers = Handlers(on_sample, on_lost, on_decode_error, on_array)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors,
+            max_pending=max_pending, decode_errors=decode_errors,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now
@@ -164,31 +121,35 @@ class PerfBuffer(Generic[T]):
         # callback may close the buffer it is called from.
         self._lock = threading.RLock()
         self._closing = False
-        self._held: _Held | None = _Held(options.open(time.monotonic))
-        self._finalizer = weakref.finalize(self, _release_dropped, self._held, options.source.name)
-        track(self._held)
-        reader = self._held.reader
-        log.info("perf buffer opened", source=options.source.name,
-                 cpus=reader.keys(), ring_bytes=reader.ring_bytes,
-                 wakeup=self._wakeup, lost_counter=reader.lost_counter)
+        self._closed = False
+        reader = options.open(time.monotonic)
+        try:
+            # close() interrupts it to wake a waiting poll().
+            self._waiter = handle_waiter(options.source.handle_kind, reader.handles())
+        except BaseException:
+            reader.source.free()
+            raise
+        self._held = OpenReader(reader, self._waiter.close, what="PerfBuffer", noun="perf buffer",
+                                stop_in_child=True)
+        self._held.opened(self, "'with' or close()")
 
     # --- libbpf's API -------------------------------------------------------------------
 
     @property
     def buffer_cnt(self) -> int:
         """Number of rings (one per online CPU that has a map slot)."""
-        return len(self._require_open().reader.keys())
+        return len(self._require_open().keys())
 
     @property
     def cpus(self) -> list[int]:
         """The CPU id of each ring, in order."""
-        return self._require_open().reader.keys()
+        return self._require_open().keys()
 
     def buffer_fd(self, cpu: int) -> int:
         """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
 
         On Windows: the perf buffer's wait handle, which every ring shares."""
-        handle = self._require_open().reader.handle_of(cpu)
+        handle = self._require_open().handle_of(cpu)
         if handle is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
         return handle
@@ -203,8 +164,7 @@ class PerfBuffer(Generic[T]):
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
-            held = self._require_open()
-            reader = held.reader
+            reader = self._require_open()
             if reader.has_events():
                 return self._dispatch(reader)
             deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
@@ -215,7 +175,7 @@ class PerfBuffer(Generic[T]):
                 ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
                 if tick_at is not None and ticking:
                     wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
-                ready = held.waiter.wait(wait)
+                ready = self._waiter.wait(wait)
                 if self._closing:
                     raise ClosedResourceError("this PerfBuffer was closed while polling")
                 for handle in ready:
@@ -230,14 +190,14 @@ class PerfBuffer(Generic[T]):
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""
         with self._lock:
-            reader = self._require_open().reader
+            reader = self._require_open()
             reader.flush()
             return self._dispatch(reader)
 
     def consume_buffer(self, cpu: int) -> int:
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
         with self._lock:
-            reader = self._require_open().reader
+            reader = self._require_open()
             keys = reader.keys()
             if cpu not in keys:
                 raise ValueError(f"no ring for CPU {cpu!r}; rings: {keys}")
@@ -270,26 +230,22 @@ class PerfBuffer(Generic[T]):
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    def _require_open(self) -> _Held:
-        held = self._held
-        if held is None or self._closing:
+    def _require_open(self) -> Reader:
+        if self._closing:
             raise ClosedResourceError("this PerfBuffer is closed")
-        if held.forked:
-            raise ClosedResourceError(forked_error("PerfBuffer"))
-        return held
+        return self._held.usable()
 
     @property
     def closed(self) -> bool:
         """Whether the buffer was closed."""
-        return self._held is None
+        return self._closed
 
     def statistics(self) -> StreamStatistics:
-        """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force."""
+        """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force.
+
+        Readable after ``close()`` too: the final counts (``closed`` True)."""
         with self._lock:
-            held = self._held
-            if held is None:
-                raise ClosedResourceError("this PerfBuffer is closed")
-            return held.reader.statistics()
+            return self._held.reader.statistics()
 
     @property
     def wakeup(self) -> Wakeup:
@@ -302,25 +258,17 @@ class PerfBuffer(Generic[T]):
         From any thread: a poll() waiting in another thread is woken and raises
         ClosedResourceError; the rings are freed once no call is inside them.
         """
-        held = self._held
-        if held is None:
+        if self._closed:
             return
+        held = self._held
         self._closing = True
-        held.interrupt()
+        if not held.forked:  # a forked child's eventfd is the parent's too
+            self._waiter.interrupt()
         with self._lock:
-            if self._held is None:
+            if self._closed:
                 return
-            self._held = None
-            self._finalizer.detach()
-            untrack(held)
-            if held.forked:
-                held.release()
-                return
-            try:
-                held.reader.close()
-            finally:
-                held.release()
-                held.reader.log_summary("perf buffer closed")
+            self._closed = True
+            held.close()
 
     def __enter__(self) -> PerfBuffer[T]:
         return self

@@ -260,6 +260,24 @@ def test_sync_fallback_poll_consume_and_buffer(producer: Producer) -> None:
     assert_exact(producer, tally, n + 15)
 
 
+def test_sync_statistics_after_close_are_the_final_counts(producer: Producer) -> None:
+    n = 3000
+    tally = Tally()
+    pb = aperf.PerfBuffer(producer.map, pages=1, on_sample=tally.add, on_lost=tally.add)
+    with pb:
+        producer.emit(n, cpu=OTHER_CPU)  # into one page: most are dropped, counted exactly
+        pb.consume()
+        open_stats = pb.statistics()
+    stats = pb.statistics()  # the closed buffer's: what a tool reports at exit
+    assert pb.closed and stats.closed and not open_stats.closed
+    assert_exact(producer, tally, n)
+    assert 0 < stats.samples == tally.samples < n
+    assert stats.lost == sum(tally.lost.values()) == n - stats.samples
+    assert stats.cpus == open_stats.cpus and stats.pending == 0
+    with pytest.raises(aperf.ClosedResourceError):
+        pb.consume()
+
+
 def test_sync_poll_relaxes_when_idle(producer: Producer) -> None:
     got: list[aperf.Sample] = []
     wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2, idle_after=0.1)

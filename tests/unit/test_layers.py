@@ -11,13 +11,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
     "_errors": 0, "_log": 0, "_prototypes": 0,
-    "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1, "_waiting.base": 1,
+    "_events": 1, "_options": 1, "_libbpf": 1, "_waiting.base": 1,
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
     "_layout": 2,
     "_source": 3, "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
     "_ebpfwin": 3, "_columnar": 3, "_clock": 3, "_losses": 3, "_build": 3,
     "_reader": 4,
-    "_setup": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,
+    "_setup": 5, "_lifetime": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,
     "_waiting.epoll": 5,
     "_stream": 6, "_sync": 6,
     "__init__": 7, "decoders": 7, "testing": 7,

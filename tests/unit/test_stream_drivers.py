@@ -8,6 +8,7 @@ test_reader.py; here the drivers must only follow it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import struct
 import threading
 import time
@@ -548,3 +549,25 @@ def test_deprecated_format_strings_still_decode() -> None:
         src.write(0, QQ.pack(4, 5))
         pb.consume()
     assert got[0].value == (4, 5)
+
+
+def test_both_drivers_take_the_same_keywords_in_the_same_order() -> None:
+    def names(cls: type) -> list[str]:
+        return list(inspect.signature(cls.__init__).parameters)[1:]  # type: ignore[misc]
+
+    shared = ["source", "pages", "ring_bytes", "decoder", "wakeup", "max_pending", "decode_errors"]
+    callbacks = ["on_sample", "on_lost", "on_decode_error", "on_array"]
+    assert names(aperf.PerfBuffer) == shared + callbacks
+    assert names(aperf.PerfStream)[: len(shared)] == shared
+
+
+def test_the_sync_buffer_bounds_its_queue_with_max_pending() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
+    got: list[Any] = []
+    with aperf.PerfBuffer(src, max_pending=10, on_sample=got.append) as pb:
+        assert pb.statistics().max_pending == 10
+        write(src, 0, 0, 30)
+        assert pb.consume() == 30  # a consume takes everything, past the bound
+    assert [seq(e) for e in got] == list(range(30))
+    with pytest.raises(ValueError, match="max_pending"):
+        aperf.PerfBuffer(src, max_pending=0, on_sample=got.append)
