@@ -89,6 +89,40 @@ Piece = Union[RunPiece, Payloads, Lost]  # noqa: UP007
 """What ``Reader.pop`` hands out: samples not built yet, or a lost notice."""
 
 
+_RECEIVES = {
+    "on_sample": "the aperf.Sample (.cpu, .data, .value)",
+    "on_lost": "the aperf.Lost notice (.cpu, .count)",
+    "on_decode_error": "the aperf.BadSample (.cpu, .data, .error)",
+    "on_array": "the aperf.SampleArray (.cpu, .values, .tails)",
+    "on_batch": "the list of events",
+}
+
+
+def check_callback(name: str, callback: object) -> None:
+    """TypeError naming ``name`` unless ``callback`` can be called with one argument
+    (aperf calls it with one event, never BCC's ``(cpu, data, size)``)."""
+    if not callable(callback):
+        raise TypeError(f"{name} must be callable, not {type(callback).__name__}")
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: nothing to check
+    try:
+        signature.bind(None)
+    except TypeError:
+        label = getattr(callback, "__qualname__", None) or repr(callback)
+        empty = inspect.Parameter.empty
+        signature = signature.replace(  # the names only: what the call would bind
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        raise TypeError(
+            f"{name} is called with one argument, {_RECEIVES.get(name, 'the event')}: "
+            f"def {name}(event): ...; {label}{signature} cannot take that (a BCC-style "
+            "callback(cpu, data, size) reads event.cpu and event.data instead)"
+        ) from None
+
+
 @dataclass(frozen=True)
 class Handlers:
     """The callbacks of callback mode, checked when they are given."""
@@ -101,8 +135,8 @@ class Handlers:
     def __post_init__(self) -> None:
         for name in ("on_sample", "on_lost", "on_decode_error", "on_array"):
             value = getattr(self, name)
-            if value is not None and not callable(value):
-                raise TypeError(f"{name} must be callable, not {type(value).__name__}")
+            if value is not None:
+                check_callback(name, value)
         if (self.on_sample is None) == (self.on_array is None):
             raise ValueError("give on_sample or on_array (columnar), one of them")
 

@@ -9,21 +9,33 @@ from __future__ import annotations
 import inspect
 import struct
 import threading
+import warnings
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, overload
+from functools import partial
+from typing import Any, Generic, TypeVar, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics, T
+from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
-from ._reader import DEFAULT_BATCH, Handlers, Reader, load_columns
+from ._reader import DEFAULT_BATCH, Handlers, Reader, check_callback, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._waiting import current_binding
 from ._waiting.base import LoopBinding
 
 Callback = Callable[[Any], Any]
+I = TypeVar("I")  # noqa: E741 - what an iterator hands out
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
+
+
+def _check_max_rows(max_rows: int | None) -> int | None:
+    if max_rows is not None and (
+        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+    ):
+        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+    return max_rows
 
 
 def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
@@ -129,8 +141,8 @@ class PerfStream(Generic[T]):
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
-        if on_batch is not None and not callable(on_batch):
-            raise TypeError(f"on_batch must be callable, not {type(on_batch).__name__}")
+        if on_batch is not None:
+            check_callback("on_batch", on_batch)
         self._on_batch = on_batch
         self._handlers: Handlers | None = None
         if on_array is not None:
@@ -143,6 +155,14 @@ class PerfStream(Generic[T]):
         elif on_lost is not None or on_decode_error is not None:
             raise ValueError("on_lost and on_decode_error go with an on_sample or on_array "
                              "callback")
+        if self._handlers is not None or on_batch is not None:
+            warnings.warn(
+                "PerfStream's callback keywords are deprecated: give the callbacks to the "
+                "method that uses them, await stream.run(on_sample, on_lost=..., "
+                "on_decode_error=...), run_batches(on_batch) or run_arrays(on_array, ...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._reader: Reader | None = None
         self._loop: LoopBinding | None = None
         self._held: OpenReader | None = None
@@ -344,17 +364,8 @@ class PerfStream(Generic[T]):
         await self._loop.wait()
 
     def __aiter__(self) -> AsyncIterator[Event[T]]:
-        # An async generator costs less per item than a coroutine per __anext__. But
-        # trio warns (ResourceWarning) whenever one is collected unfinished, as after a
-        # break out of ``async for``: there, an iterator object serves.
-        if self._generators_warn():
-            reader = self._require_open()
-            return _Items(self, reader.next_event, lambda: self._fill(reader, DEFAULT_BATCH))
-        return self._events()
-
-    def _generators_warn(self) -> bool:
-        loop = self._loop
-        return loop is not None and loop.warns_on_unfinished_generators
+        reader = self._require_open()
+        return _Items(self, reader.next_event, partial(self._fill, reader, DEFAULT_BATCH))
 
     async def __anext__(self) -> Event[T]:
         """One event (``await anext(stream)``); ``async for`` uses a cheaper path."""
@@ -367,51 +378,128 @@ class PerfStream(Generic[T]):
                 raise StopAsyncIteration
             await self._wait()
 
-    async def _events(self) -> AsyncIterator[Event[T]]:
-        # Events are built a batch at a time into the reader's front queue and handed
-        # out one by one. The queue lives in the reader, not in this generator, so
-        # when a consumer stops (break, cancellation, an exception in its loop body)
-        # the next iteration continues exactly where it left off: nothing is dropped.
-        reader = self._require_open()
-        next_event = reader.next_event
-        while True:
-            try:
-                event = next_event()
-            except IndexError:
-                if self._fill(reader, DEFAULT_BATCH):
-                    continue
-                if self._closed:
-                    return
-                await self._wait()
-                continue
-            yield event
-
     def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Event[T]]]:
         """Lists of up to ``max_items`` events, in stream order, without a per-item await:
         ``async for batch in stream.batches(): ...``."""
         if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
             raise ValueError(f"max_items must be an int of at least 1, not {max_items!r}")
         reader = self._require_open()
-        return _Batches(self, lambda: self._take(reader, max_items))
+        return self._batches(partial(self._take, reader, max_items))
 
-    async def run(self) -> None:
+    def _batches(self, take: Callable[[], list[Any]]) -> _Items[Any]:
+        # A batch is taken into this slot and handed out in the same step: nothing
+        # waits in it across an await, so a cancelled anext() loses nothing.
+        slot: deque[list[Any]] = deque()
+
+        def fill() -> bool:
+            batch = take()
+            if batch:
+                slot.append(batch)
+            return bool(batch)
+
+        return _Items(self, slot.popleft, fill)
+
+    async def run(
+        self,
+        on_sample: Callable[[Sample[T]], Any] | None = None,
+        *,
+        on_lost: Callable[[Lost], Any] | None = None,
+        on_decode_error: Callable[[BadSample], Any] | None = None,
+    ) -> None:
         """Callback mode: hand every event to the callbacks until the stream closes.
 
-        Callbacks may be plain functions or coroutines. An exception raised by a
-        callback propagates out of ``run()``; the events after it stay queued.
+        Args:
+            on_sample: called with each [`Sample`][aperf.Sample] (``.cpu``, ``.data``,
+                ``.value``), one argument.
+            on_lost: called with each [`Lost`][aperf.Lost] notice (``.cpu``, ``.count``);
+                None: losses are only counted (``statistics()``).
+            on_decode_error: called with each [`BadSample`][aperf.BadSample] (``.cpu``,
+                ``.data``, ``.error``) under ``decode_errors="item"``; None: the
+                ``DecodeError`` is raised out of ``run()``.
+
+        Callbacks may be plain functions or coroutine functions (awaited in turn). An
+        exception raised by a callback propagates out of ``run()``; the events after
+        it stay queued for the next ``run()`` or iteration.
         """
+        if on_sample is None:
+            handlers, on_batch = self._constructor_callbacks(on_lost, on_decode_error)
+            if on_batch is not None:
+                await self._run_batches(on_batch)
+                return
+        else:
+            if self._handlers is not None or self._on_batch is not None:
+                raise ValueError("callbacks were given to the constructor (deprecated) and to "
+                                 "run(): give them to run() only")
+            handlers = Handlers(on_sample, on_lost, on_decode_error)
+        await self._dispatch(handlers)
+
+    def _constructor_callbacks(
+        self, on_lost: object, on_decode_error: object
+    ) -> tuple[Handlers, Callable[[list[Any]], Any] | None]:
         handlers, on_batch = self._handlers, self._on_batch
         if handlers is None and on_batch is None:
-            raise ValueError("run() needs on_sample (and on_lost), on_batch or on_array callbacks")
+            raise TypeError("run() needs on_sample: await stream.run(on_sample, on_lost=..., "
+                            "on_decode_error=...)")
+        if on_lost is not None or on_decode_error is not None:
+            raise TypeError("on_lost and on_decode_error go with run(on_sample, ...)")
+        warnings.warn(
+            "run() with the constructor's callbacks is deprecated: await stream.run(on_sample, "
+            "on_lost=..., on_decode_error=...), run_batches(on_batch) or run_arrays(on_array)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return handlers, on_batch  # type: ignore[return-value]
+
+    async def run_batches(self, on_batch: Callable[[list[Event[T]]], Any]) -> None:
+        """Hand the events to ``on_batch`` a list at a time, until the stream closes.
+
+        Args:
+            on_batch: called with each batch, a list of up to 256 events (``Sample``,
+                ``Lost`` and ``BadSample`` in stream order) as ``batches()`` yields them;
+                a plain function or a coroutine function. An exception it raises
+                propagates out of ``run_batches()``.
+        """
+        check_callback("on_batch", on_batch)
+        await self._run_batches(on_batch)
+
+    async def _run_batches(self, on_batch: Callable[[list[Any]], Any]) -> None:
+        self._require_open()
+        isawaitable = inspect.isawaitable
+        async for batch in self.batches():
+            result = on_batch(batch)
+            if result is not None and isawaitable(result):
+                await result
+
+    async def run_arrays(
+        self,
+        on_array: Callable[[SampleArray], Any],
+        *,
+        on_lost: Callable[[Lost], Any] | None = None,
+        on_decode_error: Callable[[BadSample], Any] | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        """Columnar callback mode: samples as NumPy arrays, until the stream closes.
+
+        Args:
+            on_array: called with each [`SampleArray`][aperf.SampleArray] (``.cpu``,
+                ``.values``: a structured array of the decoded fields, ``.tails``), the
+                samples of one run of one CPU, at most ``max_rows`` rows.
+            on_lost: called with each [`Lost`][aperf.Lost] notice; None: only counted.
+            on_decode_error: called with each [`BadSample`][aperf.BadSample] (a sample
+                too short for the decoder); None: the ``DecodeError`` is raised.
+            max_rows: the most rows in one array (None: a whole run), as for ``arrays()``.
+
+        Needs NumPy and a decoder with a layout, as ``arrays()`` does (checked now).
+        """
+        max_rows = _check_max_rows(max_rows)
+        handlers = Handlers(None, on_lost, on_decode_error, on_array)
+        load_columns(self._options.decoder)  # NumPy and a decoder with a layout, now
+        await self._dispatch(handlers, max_rows)
+
+    async def _dispatch(self, handlers: Handlers, max_rows: int | None = None) -> None:
         reader = self._require_open()
-        columnar = handlers is not None and handlers.columnar
-        async for batch in self._array_batches(None) if columnar else self.batches():
-            if on_batch is not None:
-                result = on_batch(batch)
-                if result is not None and inspect.isawaitable(result):
-                    await result
-                continue
-            assert handlers is not None
+        batches = self._array_batches(max_rows) if handlers.columnar else self.batches()
+        async for batch in batches:
             pending = reader.dispatch(batch, handlers)
             for awaitable in pending:
                 try:
@@ -431,36 +519,15 @@ class PerfStream(Generic[T]):
         a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
         cancelled, as `batches()` is; see docs/columnar.md.
         """
-        if max_rows is not None and (
-            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
-        ):
-            raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+        max_rows = _check_max_rows(max_rows)
         reader = self._require_open()
         reader.columns()
-        if self._generators_warn():  # trio: see __aiter__
-            return _Items(self, reader.next_array, lambda: self._fill_arrays(reader, max_rows))
-        return self._arrays(reader, max_rows)
-
-    async def _arrays(self, reader: Reader, max_rows: int | None) -> AsyncIterator[Any]:
-        # As _events: items wait in the reader's front queue, so a consumer that stops
-        # iterating (break, cancellation, an exception) loses none of them.
-        next_array = reader.next_array
-        while True:
-            try:
-                item = next_array()
-            except IndexError:
-                if self._fill_arrays(reader, max_rows):
-                    continue
-                if self._closed:
-                    return
-                await self._wait()
-                continue
-            yield item
+        return _Items(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()
         reader.columns()
-        return _Batches(self, lambda: self._take_arrays(reader, max_rows))
+        return self._batches(partial(self._take_arrays, reader, max_rows))
 
     def _take_arrays(self, reader: Reader, max_rows: int | None) -> list[Any]:
         batch = reader.take_arrays(max_rows)
@@ -485,28 +552,31 @@ class PerfStream(Generic[T]):
         return self._options.wakeup
 
 
-class _Items(Generic[T]):
-    """``async for`` over a stream's events (or arrays) without an async generator (see
-    ``__aiter__``).
+class _Items(Generic[I]):
+    """What ``async for`` over a stream, ``batches()`` and ``arrays()`` iterate, on every loop.
 
-    Like the generators, it keeps nothing of its own: items built and not yet
-    handed out wait in the reader's front queue ``held``, so a consumer that stops
-    (break, cancellation) loses nothing.
+    It keeps nothing of its own across an await: items built and not yet handed
+    out wait in the reader's front queue, so a consumer that stops (break, an
+    exception, a cancelled ``anext()``: a timeout around it) loses nothing, and
+    the same iterator goes on where it stopped. (An async generator would be
+    finished by a cancellation: its next ``anext()`` would say the stream ended.)
+    ``next_item()`` hands out the front (IndexError: empty); ``fill()`` takes the
+    next batch into it and says whether there is anything.
     """
 
     __slots__ = ("_fill", "_next", "_stream")
 
     def __init__(
-        self, stream: PerfStream[T], next_item: Callable[[], Any], fill: Callable[[], bool]
+        self, stream: PerfStream[Any], next_item: Callable[[], I], fill: Callable[[], bool]
     ) -> None:
         self._stream = stream
         self._next = next_item
         self._fill = fill
 
-    def __aiter__(self) -> _Items[T]:
+    def __aiter__(self) -> _Items[I]:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> I:
         try:
             return self._next()
         except IndexError:
@@ -517,27 +587,3 @@ class _Items(Generic[T]):
                 raise StopAsyncIteration
             await stream._wait()
         return self._next()
-
-
-class _Batches(Generic[T]):
-    """What ``stream.batches()`` returns (and callback mode reads): what ``take`` gives,
-    a list at a time, until the stream is closed and nothing is left."""
-
-    __slots__ = ("_stream", "_take")
-
-    def __init__(self, stream: PerfStream[T], take: Callable[[], list[Any]]) -> None:
-        self._stream = stream
-        self._take = take
-
-    def __aiter__(self) -> _Batches[T]:
-        return self
-
-    async def __anext__(self) -> list[Any]:
-        stream = self._stream
-        while True:
-            batch = self._take()
-            if batch:
-                return batch
-            if stream.closed:
-                raise StopAsyncIteration
-            await stream._wait()

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 class AsyncioBinding:
     """asyncio and uvloop: ``add_reader`` per fd, ``call_at`` for the drain timer."""
 
-    warns_on_unfinished_generators = False
     kind: HandleKind = "fd"
 
     def __init__(self, loop: asyncio.AbstractEventLoop, kind: HandleKind) -> None:

@@ -23,9 +23,6 @@ HandleKind = Literal["fd", "win32"]
 class LoopBinding(Protocol):
     """What the async driver needs from one event loop."""
 
-    warns_on_unfinished_generators: bool
-    """Whether the loop warns when an async generator is collected unfinished (trio)."""
-
     def time(self) -> float:
         """The loop's clock (the reader's deadlines are on it)."""
         ...

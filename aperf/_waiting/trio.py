@@ -49,8 +49,6 @@ def _nothing() -> None:
 class TrioBinding:
     """trio: a watcher task per handle, one pump task for drains and the timer."""
 
-    warns_on_unfinished_generators = True
-
     def __init__(self, kind: HandleKind) -> None:
         if kind not in ("fd", "win32"):
             raise AperfError(f"the trio binding cannot wait on {kind} handles")
