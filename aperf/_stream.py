@@ -51,17 +51,41 @@ class PerfStream(Generic[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
 
-    ``source`` is an [`aperf.Map`][aperf.Map], the fd of such a map loaded by anything
-    else, the path of a pinned map (the map's type picks how it is read), or a ring
-    source ([`aperf.RingBufferSource`][aperf.RingBufferSource],
-    [`aperf.testing.FakeRingSource`][aperf.testing.FakeRingSource]). It runs on
-    asyncio, uvloop and trio (directly or through anyio). Open it with ``async with`` (or
-    ``await stream.open()`` and ``await stream.aclose()``), then either iterate
-    it (``async for event in stream``, or ``stream.batches()``) or, given
-    callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |
-    BadSample`` where ``T`` is what the decoder returns. ``stream.arrays()``
-    (and ``on_array=`` in callback mode) gives NumPy arrays of samples instead
-    (docs/columnar.md).
+    It runs on asyncio, uvloop and trio (directly or through anyio). Open it with
+    ``async with`` (or ``await stream.open()`` and ``await stream.aclose()``), then
+    iterate it (``async for event in stream``, ``stream.batches()``, or
+    ``stream.arrays()`` for NumPy arrays: docs/columnar.md) or hand the events to
+    callbacks (``await stream.run(on_sample)``, ``run_batches(on_batch)``,
+    ``run_arrays(on_array)``). Events are ``aperf.Sample[T] | aperf.Lost |
+    aperf.BadSample``, where ``T`` is what the decoder returns.
+
+    Args:
+        source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
+            else, or the path of a pinned map (the map's type picks how it is read: a
+            perf event array, or a BPF ring buffer); or a ring source
+            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``).
+        pages: pages per ring, a power of two (default ``aperf.DEFAULT_PAGES``, 128, per
+            CPU). Give ``pages`` or ``ring_bytes``, not both; neither for a BPF ring
+            buffer, whose size is the map's own.
+        ring_bytes: bytes per ring instead, rounded up to a power-of-two page count.
+        decoder: what ``Sample.value`` holds: None (only the raw ``Sample.data``), the
+            name of a struct or typedef in the BTF of the map's ``aperf.BPFObject``, a
+            ``ctypes.Structure`` subclass, a ``struct.Struct``, or any callable that
+            takes a sample's ``bytes`` and returns its value (docs/decoding.md).
+        wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
+            ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
+        max_pending: events the stream queues before it stops draining its rings
+            (backpressure: the rings then fill, and the producer's drops are counted
+            as lost); an int of at least 1.
+        decode_errors: what becomes of a sample the decoder cannot decode: "item" (a
+            ``BadSample`` in the stream, in order), "raise" (a ``DecodeError`` raised to
+            the consumer where the sample was) or "skip"; each is counted in
+            ``statistics().decode_errors``.
+        on_sample: deprecated: give it to ``await stream.run(on_sample)``.
+        on_lost: deprecated: ``run(on_sample, on_lost=...)``.
+        on_decode_error: deprecated: ``run(on_sample, on_decode_error=...)``.
+        on_array: deprecated: ``run_arrays(on_array)``.
+        on_batch: deprecated: ``run_batches(on_batch)``.
     """
 
     @overload
@@ -368,7 +392,7 @@ class PerfStream(Generic[T]):
         return _Items(self, reader.next_event, partial(self._fill, reader, DEFAULT_BATCH))
 
     async def __anext__(self) -> Event[T]:
-        """One event (``await anext(stream)``); ``async for`` uses a cheaper path."""
+        """One event (``await anext(stream)``); ``async for`` takes them a batch at a time."""
         reader = self._require_open()
         while True:
             batch = self._take(reader, 1)
@@ -409,12 +433,16 @@ class PerfStream(Generic[T]):
         """Callback mode: hand every event to the callbacks until the stream closes.
 
         Args:
-            on_sample: called with each [`Sample`][aperf.Sample] (``.cpu``, ``.data``,
-                ``.value``), one argument.
-            on_lost: called with each [`Lost`][aperf.Lost] notice (``.cpu``, ``.count``);
-                None: losses are only counted (``statistics()``).
-            on_decode_error: called with each [`BadSample`][aperf.BadSample] (``.cpu``,
-                ``.data``, ``.error``) under ``decode_errors="item"``; None: the
+            on_sample: called as ``on_sample(sample)`` with each ``aperf.Sample``:
+                ``sample.cpu`` (the ring's CPU, -1 for a BPF ring buffer),
+                ``sample.data`` (the raw bytes, the caller's own) and ``sample.value``
+                (what the decoder made of them; None without one).
+            on_lost: called as ``on_lost(lost)`` with each ``aperf.Lost`` notice, in
+                order: ``lost.cpu`` and ``lost.count`` (samples the producer dropped
+                there). None: losses are only counted (``statistics()``).
+            on_decode_error: called as ``on_decode_error(bad)`` with each
+                ``aperf.BadSample`` under ``decode_errors="item"``: ``bad.cpu``,
+                ``bad.data`` and ``bad.error`` (the ``DecodeError``). None: that
                 ``DecodeError`` is raised out of ``run()``.
 
         Callbacks may be plain functions or coroutine functions (awaited in turn). An
@@ -454,10 +482,11 @@ class PerfStream(Generic[T]):
         """Hand the events to ``on_batch`` a list at a time, until the stream closes.
 
         Args:
-            on_batch: called with each batch, a list of up to 256 events (``Sample``,
-                ``Lost`` and ``BadSample`` in stream order) as ``batches()`` yields them;
-                a plain function or a coroutine function. An exception it raises
-                propagates out of ``run_batches()``.
+            on_batch: called as ``on_batch(batch)`` with each batch: a list of up to 256
+                events (``aperf.Sample``, ``aperf.Lost`` and ``aperf.BadSample``, in
+                stream order) as ``batches()`` yields them. A plain function or a
+                coroutine function; an exception it raises propagates out of
+                ``run_batches()``.
         """
         check_callback("on_batch", on_batch)
         await self._run_batches(on_batch)
@@ -481,12 +510,16 @@ class PerfStream(Generic[T]):
         """Columnar callback mode: samples as NumPy arrays, until the stream closes.
 
         Args:
-            on_array: called with each [`SampleArray`][aperf.SampleArray] (``.cpu``,
-                ``.values``: a structured array of the decoded fields, ``.tails``), the
-                samples of one run of one CPU, at most ``max_rows`` rows.
-            on_lost: called with each [`Lost`][aperf.Lost] notice; None: only counted.
-            on_decode_error: called with each [`BadSample`][aperf.BadSample] (a sample
-                too short for the decoder); None: the ``DecodeError`` is raised.
+            on_array: called as ``on_array(array)`` with each ``aperf.SampleArray``:
+                the samples of one run of one CPU (``array.cpu``), at most ``max_rows``
+                of them; ``array.values`` is a read-only NumPy structured array of the
+                decoded fields, ``array.tails`` the bytes past the fixed part (a
+                flexible array member), if any.
+            on_lost: called as ``on_lost(lost)`` with each ``aperf.Lost`` notice
+                (``lost.cpu``, ``lost.count``), in order. None: only counted.
+            on_decode_error: called as ``on_decode_error(bad)`` with each
+                ``aperf.BadSample`` (a sample too short for the decoder). None: the
+                ``DecodeError`` is raised out of ``run_arrays()``.
             max_rows: the most rows in one array (None: a whole run), as for ``arrays()``.
 
         Needs NumPy and a decoder with a layout, as ``arrays()`` does (checked now).
@@ -510,8 +543,8 @@ class PerfStream(Generic[T]):
     # --- columnar batches ----------------------------------------------------------------
 
     def arrays(self, max_rows: int | None = None) -> AsyncIterator[SampleArray | Lost | BadSample]:
-        """Yield samples as NumPy structured arrays, in stream order: a
-        [`SampleArray`][aperf.SampleArray] per run of one CPU's samples (at most ``max_rows``
+        """Yield samples as NumPy structured arrays, in stream order: an
+        ``aperf.SampleArray`` per run of one CPU's samples (at most ``max_rows``
         rows each; None: the whole run), with ``Lost`` and ``BadSample`` in place.
 
         Needs NumPy (``pip install 'aperf[numpy]'``: ImportError otherwise) and a

@@ -34,10 +34,48 @@ class PerfBuffer(Generic[T]):
     one CPU's ring (aperf keys rings by CPU id where libbpf takes an index:
     see ``cpus``).
 
-    Exceptions raised by callbacks propagate out of these calls; the events
-    after the failing one stay queued and are handed over by the next call.
-    ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
-    ([`SampleArray`][aperf.SampleArray], docs/columnar.md); the counts are still of samples.
+    The callbacks are given here, as to libbpf's ``perf_buffer__new``, and are plain
+    functions (coroutines need ``aperf.PerfStream``). Exceptions raised by callbacks
+    propagate out of these calls; the events after the failing one stay queued and
+    are handed over by the next call. Use it with ``with`` (or call ``close()``).
+
+    Args:
+        source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
+            else, or the path of a pinned map (the map's type picks how it is read: a
+            perf event array, or a BPF ring buffer); or a ring source
+            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``).
+        pages: pages per ring, a power of two (default ``aperf.DEFAULT_PAGES``, 128, per
+            CPU). Give ``pages`` or ``ring_bytes``, not both; neither for a BPF ring
+            buffer, whose size is the map's own.
+        ring_bytes: bytes per ring instead, rounded up to a power-of-two page count.
+        decoder: what ``Sample.value`` holds: None (only the raw ``Sample.data``), the
+            name of a struct or typedef in the BTF of the map's ``aperf.BPFObject``, a
+            ``ctypes.Structure`` subclass, a ``struct.Struct``, or any callable that
+            takes a sample's ``bytes`` and returns its value (docs/decoding.md).
+        wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
+            ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
+        max_pending: events the buffer queues before it stops draining its rings
+            (backpressure: the rings then fill, and the producer's drops are counted
+            as lost); an int of at least 1.
+        decode_errors: what becomes of a sample the decoder cannot decode: "item" (a
+            ``BadSample`` in the stream, in order), "raise" (a ``DecodeError`` raised out of
+            ``poll()``/``consume()`` where the sample was) or "skip"; each is counted in
+            ``statistics().decode_errors``.
+        on_sample: called as ``on_sample(sample)`` with each ``aperf.Sample``:
+            ``sample.cpu`` (the ring's CPU, -1 for a BPF ring buffer), ``sample.data``
+            (the raw bytes, the caller's own) and ``sample.value`` (what the decoder
+            made of them; None without one). Give it or ``on_array``.
+        on_lost: called as ``on_lost(lost)`` with each ``aperf.Lost`` notice, in order:
+            ``lost.cpu`` and ``lost.count`` (samples the producer dropped there).
+            None: losses are only counted (``statistics()``).
+        on_decode_error: called as ``on_decode_error(bad)`` with each
+            ``aperf.BadSample`` under ``decode_errors="item"``: ``bad.cpu``,
+            ``bad.data`` and ``bad.error`` (the ``DecodeError``). None: that
+            ``DecodeError`` is raised out of ``poll()``/``consume()``.
+        on_array: instead of ``on_sample``, called as ``on_array(array)`` with each
+            ``aperf.SampleArray``: the samples of one run of one CPU as a NumPy
+            structured array (``array.values``; docs/columnar.md). The counts
+            ``poll()`` returns are still of samples.
     """
 
     @overload
