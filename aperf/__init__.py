@@ -12,7 +12,8 @@ layout, bottom up (nothing imports upward):
   ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
   (``aperf.testing.FakeRingSource``) implement it
 - ``_reader``: the one reading policy (queue, dispatch, backpressure), with its parts
-  ``_clock`` (drain clock), ``_losses`` (loss ledger), ``_build`` (events from raw pieces)
+  ``_clock`` (drain clock), ``_losses`` (loss ledger), ``_build`` (events from raw pieces),
+  ``_callbacks`` (callback checks and dispatch)
 - ``_setup``, ``_lifetime``, ``_waiting/`` (how to wait: asyncio, uvloop, trio, epoll),
   ``_stream``, ``_sync``: the drivers (async, sync) that only wait
 """

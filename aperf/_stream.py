@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, Generic, TypeVar, overload
 
+from ._callbacks import Handlers, check_callback
 from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
-from ._reader import DEFAULT_BATCH, Handlers, Reader, check_callback, load_columns
+from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._waiting import current_binding
 from ._waiting.base import LoopBinding

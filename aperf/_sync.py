@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, overload
 
+from ._callbacks import Handlers
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
-from ._reader import DEFAULT_BATCH, Handlers, Reader, load_columns
+from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._waiting import handle_waiter
 
