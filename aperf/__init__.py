@@ -11,9 +11,11 @@ layout, bottom up (nothing imports upward):
 - ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays),
   ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
   (``aperf.testing.FakeRingSource``) implement it
-- ``_reader``: the one reading policy (queue, drain clock, dispatch, backpressure)
-- ``_setup``, ``_loops`` (asyncio, uvloop), ``_trio``, ``_stream``, ``_sync``: the drivers
-  (async, sync) that only wait
+- ``_reader``: the one reading policy (queue, dispatch, backpressure), with its parts
+  ``_clock`` (drain clock), ``_losses`` (loss ledger), ``_build`` (events from raw pieces),
+  ``_callbacks`` (callback checks and dispatch)
+- ``_setup``, ``_lifetime``, ``_waiting/`` (how to wait: asyncio, uvloop, trio, epoll),
+  ``_stream``, ``_sync``: the drivers (async, sync) that only wait
 """
 
 from . import abc as abc

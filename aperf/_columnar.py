@@ -7,21 +7,28 @@ header and the padding, so no Python code runs per sample. Samples parsed one
 by one (mixed sizes, a struct with a flexible array member) are joined and
 gathered in one NumPy operation. Imported only when a consumer asks for arrays:
 ``import aperf`` never imports NumPy.
+
+The reader's one walk over its queue hands the pieces to ``Columns.arrays``;
+the front queues a consumer leaves behind when it switches between events and
+arrays are turned into the other kind here (``Columns.front``, ``Columns.events``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Union, cast
 
 import numpy as np
 
+from ._build import EventBuilder, Payloads, RunPiece
 from ._decode import SizedDecoder
-from ._events import Sample, SampleArray, Tails
+from ._events import BadSample, Event, Lost, Sample, SampleArray, Tails
 from ._layout import byte_order, dtype_spec
 from ._perf_format import PerfRecords, split_span, uniform_run_end
 from ._source import Run, Segment
 
+ArrayItem = Union[SampleArray, Lost, BadSample]  # noqa: UP007 - as Event
+"""What a columnar consumer gets."""
 _CHECKS_PER_SPAN = 8  # NumPy checks of a span; then the pure parser (see _RunFinder)
 _U8, _U4 = np.dtype("<u8"), np.dtype("<u4")
 
@@ -146,3 +153,80 @@ class Columns:
                 ))
                 start = index
         return out
+
+    # --- the reader's pieces, as arrays -------------------------------------------------
+
+    def arrays(
+        self, piece: RunPiece | Payloads, builder: EventBuilder, max_rows: int | None,
+        out: list[Any],
+    ) -> None:
+        """One piece of the reader's queue as arrays of at most ``max_rows`` rows each
+        (``BadSample`` where a sample is too short, under the decode_errors policy)."""
+        if isinstance(piece, RunPiece):
+            key, run, first, stop = piece
+            if run.size < self.size:  # all of them too short for the decoder
+                self._bad_rows(builder, key, run.payloads(first, stop), True,
+                               range(stop - first), out)
+                return
+            step = max_rows or stop - first
+            for at in range(first, stop, step):
+                out.append(self.from_run(key, run, at, min(stop, at + step)))
+            return
+        key, payloads, uniform = piece
+        start = 0
+        for index in [*self.too_short(payloads), len(payloads)]:
+            step = max_rows or max(1, index - start)
+            for at in range(start, index, step):
+                out.append(self.from_payloads(key, payloads[at : min(index, at + step)]))
+            if index == len(payloads):
+                return
+            if not self._bad_rows(builder, key, payloads, uniform, (index,), out):
+                return
+            start = index + 1
+
+    @staticmethod
+    def _bad_rows(
+        builder: EventBuilder, key: int, payloads: list[bytes], uniform: bool,
+        indexes: Sequence[int] | range, out: list[Any],
+    ) -> bool:
+        """Samples too short for the decoder, under the decode_errors policy (False: raised)."""
+        decoder = builder.decoder
+        assert decoder is not None
+        for index in indexes:
+            try:
+                decoder(payloads[index])
+            except Exception as exc:
+                if not builder.failed(key, payloads, uniform, index, exc, out):
+                    return False
+        return True
+
+    def front(self, events: Iterable[Event[Any]]) -> list[ArrayItem]:
+        """Built events (a per-item consumer's front queue) as arrays, one per CPU run."""
+        out: list[ArrayItem] = []
+        samples: list[Any] = []
+        for event in events:
+            if event.__class__ is Sample:
+                samples.append(event)
+                continue
+            if samples:
+                out.extend(self.from_samples(samples))
+                samples = []
+            out.append(event)  # type: ignore[arg-type]  # Lost or BadSample
+        if samples:
+            out.extend(self.from_samples(samples))
+        return out
+
+    @staticmethod
+    def events(items: Iterable[ArrayItem], builder: EventBuilder) -> list[Event[Any]]:
+        """Built arrays (a columnar consumer's front queue) as events again."""
+        events: list[Any] = []
+        for item in items:
+            if item.__class__ is not SampleArray:
+                events.append(item)
+                continue
+            source = item._source
+            if isinstance(source, Run):
+                builder.run(item.cpu, source, 0, source.count, events)
+            else:
+                builder.payloads(item.cpu, source, False, events)
+        return events

@@ -6,7 +6,7 @@ import math
 import mmap
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 from ._errors import RingSizeError
 
@@ -49,16 +49,22 @@ def ring_data_bytes(pages: int | None, ring_bytes: int | None) -> int | None:
     return pages * PAGE_SIZE
 
 
+DecodeErrorPolicy = Literal["item", "raise", "skip"]
+"""What ``decode_errors=`` takes: yield a ``BadSample``, raise ``DecodeError``, or skip it."""
+DEFAULT_MAX_PENDING = 65536
+"""Events a stream queues before it stops draining its rings (``max_pending=``)."""
+
+
 def check_max_pending(max_pending: Any) -> int:
     if not _is_int(max_pending) or max_pending < 1:
         raise ValueError(f"max_pending must be an int of at least 1, not {max_pending!r}")
     return int(max_pending)
 
 
-def check_decode_errors(policy: Any) -> Any:
+def check_decode_errors(policy: Any) -> DecodeErrorPolicy:
     if policy not in ("item", "raise", "skip"):
         raise ValueError(f"decode_errors must be 'item', 'raise' or 'skip', not {policy!r}")
-    return policy
+    return cast(DecodeErrorPolicy, policy)
 
 
 def _check_seconds(name: str, value: float | None) -> None:

@@ -2,49 +2,50 @@
 
 A ``Reader`` takes spans out of a source's rings, splits them into
 records in ring order, keeps them in one bounded queue, counts everything,
-keeps the drain clock, and dispatches events to callbacks. Drivers only wait
-(readiness handles, a timer at ``deadline``, ``poll``) and call
-it; the reader itself never waits and imports no binding.
+and dispatches events to callbacks. Drivers only wait (readiness handles, a
+timer at ``deadline``, ``poll``) and call it; the reader itself never waits
+and imports no binding. Its parts have rooms of their own: the drain clock
+(``_clock.py``), the loss ledger (``_losses.py``), the event builder
+(``_build.py``), the callbacks (``_callbacks.py``) and the columnar arrays
+(``_columnar.py``).
 
 Samples wait in the queue raw: a run of equal-sized records as it sits in the
 copied span (a ``Run``), other samples as payload lists; event objects (and
 decoded values) are built only when a consumer takes them, in batches.
 Building hundreds of thousands of objects that then sit in a queue makes
 CPython's cyclic GC walk them over and over (measured: 2.4x the cost of the
-whole drain); built on demand, they die young. Columnar consumers take the
-same queue as NumPy arrays (``take_arrays``), viewing runs in place.
+whole drain); built on demand, they die young. One walk over the queue
+(``pop``) hands out raw pieces to both kinds of take: events (``take``) and
+NumPy arrays (``take_arrays``, viewing runs in place).
 """
 
 from __future__ import annotations
 
-import inspect
-import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Union
 
-from ._decode import NUMPY_HINT, SizedDecoder
+from ._build import Decoder, EventBuilder, Payloads, RunPiece
+from ._callbacks import Handlers, dispatch
+from ._clock import Clock, DrainClock
+from ._decode import NUMPY_HINT
 from ._errors import BrokenRingError, DecodeError
 from ._events import (
-    BadSample,
     CpuStatistics,
+    Event,
     Lost,
-    Sample,
     SampleArray,
     StreamStatistics,
     _Failure,
 )
 from ._log import log
-from ._options import Wakeup
+from ._losses import LossLedger, LostCounter
+from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._source import Ring, RingSource, Run, Segment, SourceEnded
 
 if TYPE_CHECKING:
-    from ._columnar import Columns
+    from ._columnar import ArrayItem, Columns
 
-DecodeErrorPolicy = Literal["item", "raise", "skip"]
-DECODE_ERROR_POLICIES = ("item", "raise", "skip")
-DEFAULT_MAX_PENDING = 65536
 # Events built at a time for a consumer. Larger batches keep more young objects
 # alive at once and CPython's GC then runs far more often: measured 424 ns/event
 # at 4096, 269 at 256 (244 and 248 with the GC off).
@@ -52,15 +53,9 @@ DEFAULT_BATCH = 256
 # A perf record is at most 64 KiB (its size is a u16): a ring with more free
 # space than that cannot have dropped a sample since it was last emptied.
 MAX_RECORD = 1 << 16
-Decoder = Callable[[bytes], Any]
-Clock = Callable[[], float]
 
 # Per-ring counter slots.
-_SAMPLES, _LOST, _BYTES, _WAKEUPS, _DECODE_ERRORS, _OTHER = range(6)
-_tuple_new = tuple.__new__
-_repeat = itertools.repeat
-_starmap = itertools.starmap
-_NONES = itertools.repeat(None)
+_SAMPLES, _BYTES, _WAKEUPS, _OTHER = range(4)
 
 
 class _Chunk:
@@ -86,26 +81,10 @@ class _RunChunk:
         self.pos = 0
 
 
-@dataclass(frozen=True)
-class Handlers:
-    """The callbacks of callback mode, checked when they are given."""
-
-    on_sample: Callable[[Any], Any] | None
-    on_lost: Callable[[Any], Any] | None = None
-    on_decode_error: Callable[[Any], Any] | None = None
-    on_array: Callable[[Any], Any] | None = None  # columnar: SampleArray items
-
-    def __post_init__(self) -> None:
-        for name in ("on_sample", "on_lost", "on_decode_error", "on_array"):
-            value = getattr(self, name)
-            if value is not None and not callable(value):
-                raise TypeError(f"{name} must be callable, not {type(value).__name__}")
-        if (self.on_sample is None) == (self.on_array is None):
-            raise ValueError("give on_sample or on_array (columnar), one of them")
-
-    @property
-    def columnar(self) -> bool:
-        return self.on_array is not None
+Queued = Union[_Chunk, _RunChunk, Lost, _Failure]  # noqa: UP007 - as Event
+"""What waits in a reader's queue, in ring order."""
+Piece = Union[RunPiece, Payloads, Lost]  # noqa: UP007
+"""What ``Reader.pop`` hands out: samples not built yet, or a lost notice."""
 
 
 def load_columns(decoder: Decoder | None) -> Columns:
@@ -121,11 +100,13 @@ def load_columns(decoder: Decoder | None) -> Columns:
 
 
 class Reader:
-    """Drains rings into a bounded queue; hands out events in batches; keeps the drain clock.
+    """Drains rings into a bounded queue; hands out events in batches.
 
     ``held`` is the front of the queue: built events handed back (put back
     after a failing callback, or the rest of a batch being iterated). It is
-    the only put-back queue; ``take()`` serves it first.
+    the only put-back queue; ``take()`` serves it first. ``held_arrays`` is a
+    columnar consumer's front; at most one of the two has anything: each kind
+    of take turns the other's into its own kind first.
     """
 
     def __init__(
@@ -147,105 +128,74 @@ class Reader:
             self._handles.setdefault(ring.handle, []).append(ring)
         for handle in getattr(source, "notices", ()):  # handles of no ring (see SourceEnded)
             self._handles.setdefault(handle, [])
-        self.decoder = decoder
-        self.decode_errors = decode_errors
+        self.builder = EventBuilder(decoder, decode_errors, self._requeue)
         self.max_pending = max_pending
         self.resume_below = max(1, max_pending // 2)
         self.ring_bytes = source.ring_bytes
         self.memory_bytes = source.memory_bytes
         self._full_mark = max(0, self.ring_bytes - MAX_RECORD)
-        self.held: deque[Any] = deque()  # built events, served before the queue
-        # Columnar consumers' front: built arrays (and the Lost and BadSample between
-        # them). At most one of held and held_arrays has anything: each kind of take
-        # turns the other's into its own kind first.
-        self.held_arrays: deque[Any] = deque()
-        self.queue: deque[Any] = deque()  # _Chunk, Lost, _Failure
+        self.held: deque[Event[Any]] = deque()  # built events, served before the queue
+        self.next_event = self.held.popleft  # IndexError when the front is empty
+        self.held_arrays: deque[ArrayItem] = deque()
+        self.next_array = self.held_arrays.popleft
+        self.queue: deque[Queued] = deque()
         self.pending = 0  # events in the queue (each sample of a chunk counts)
         self.stalled: set[int] = set()  # rings with data left while we were full
         self.paused = False
         self.closed = False
-        self.counters = {key: [0, 0, 0, 0, 0, 0] for key in self.rings}
+        self.counters = {key: [0, 0, 0, 0] for key in self.rings}
         self.broken: set[int] = set()
         self._columns: Columns | None = None
-        # Exact losses: the producer's own count at open, and how much of what we
-        # reported from it is still ahead of the lost records that will announce it.
-        self._lost_base: dict[int, int] = {}
-        for ring in rings:
-            total = ring.lost_total()
-            if total is not None:
-                self._lost_base[ring.key] = total
-        self._lost_ahead = dict.fromkeys(self._lost_base, 0)
-        # The drain clock.
+        self.losses = LossLedger(rings)
         self.wakeup = wakeup
-        self._clock = clock
-        self._max_latency = wakeup.max_latency if wakeup.batched else None
-        self._last_traffic = clock()
-        self._drained_at = dict.fromkeys(self.rings, self._last_traffic)  # key -> last take
-        self._ticked_at = self._last_traffic
-        self.deadline: float | None = (
-            None if self._max_latency is None else self._last_traffic + self._max_latency
-        )
+        self.clock = DrainClock(wakeup, clock, self.rings)
+
+    # --- what drivers ask -----------------------------------------------------------
+
+    @property
+    def decoder(self) -> Decoder | None:
+        return self.builder.decoder
+
+    @property
+    def deadline(self) -> float | None:
+        """Loop time at which ``tick()`` is due (None: no timer)."""
+        return self.clock.deadline
+
+    @deadline.setter
+    def deadline(self, at: float | None) -> None:
+        self.clock.deadline = at
+
+    def keys(self) -> list[int]:
+        """The ring keys (CPU ids) the reader was opened on, broken ones included."""
+        return sorted(self.counters)
+
+    def handle_of(self, key: int) -> int | None:
+        """The readiness handle of ring ``key`` (None: no such live ring)."""
+        ring = self.rings.get(key)
+        return None if ring is None else ring.handle
+
+    def has_events(self) -> bool:
+        """Whether anything waits to be taken (queued, or built in a front queue)."""
+        return bool(self.pending or self.held or self.held_arrays)
 
     # --- the drain clock ------------------------------------------------------------
 
     def period(self, now: float) -> float | None:
-        """How long the drain timer waits from ``now`` (None: batched wakeups off, no timer).
-
-        ``max_latency`` while samples flow or the queue is full (backpressure is
-        not silence); ``idle_latency`` once ``idle_after`` seconds passed
-        without traffic.
-        """
-        max_latency = self._max_latency
-        if max_latency is None:
-            return None
-        wakeup = self.wakeup
-        idle = wakeup.idle_latency
-        if idle is not None and not self.paused and now - self._last_traffic >= wakeup.idle_after:
-            return idle
-        return max_latency
+        """How long the drain timer waits from ``now`` (None: batched wakeups off, no timer)."""
+        return self.clock.period(now, paused=self.paused)
 
     def tick(self) -> int:
         """The drain timer fired: look at every ring not drained since the last tick.
-        Events added; sets the next deadline.
-
-        A ring drained at ``t`` (by its wakeup, a take) need not be looked at before
-        ``t + period``, so the deadline is the earliest such time over the rings: a
-        busy ring that wakes its reader more often than the timer fires is not cut
-        into extra small drains by the timer (each drain has a fixed cost, most of
-        all to columnar consumers), and no sample waits longer than before.
-        """
-        now = self._clock()
-        since = self._ticked_at
-        self._ticked_at = now
+        Events added; sets the next deadline (see ``DrainClock.end_tick``)."""
+        clock = self.clock
+        now, since = clock.start_tick()
         added = 0
-        drained_at = self._drained_at
         for key in list(self.rings):
-            if drained_at.get(key, since) <= since:
+            if clock.due(key, since):
                 added += self.drain(key)
-                if drained_at.get(key, now) > now:
-                    drained_at[key] = now  # this tick's look, not a later one
-        if added:
-            self._last_traffic = now
-        period = self.period(now)
-        # A full queue takes nothing: park the timer until the consumer resumes it.
-        if period is None or self.paused or self.closed:
-            self.deadline = None
-        else:
-            earliest = min((drained_at.get(key, now) for key in self.rings), default=now)
-            # Never in the past: a ring that could not be drained (full queue) must not
-            # make the timer spin.
-            self.deadline = max(earliest + period, now + period / 4)
+                clock.looked(key, now)
+        clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
         return added
-
-    def _traffic(self) -> None:
-        """Samples arrived: after a silence, bring the timer back to max_latency now."""
-        if self._max_latency is None:
-            return
-        now = self._clock()
-        self._last_traffic = now
-        soon = now + self._max_latency
-        if self.deadline is not None and self.deadline > soon:
-            self.deadline = soon
 
     # --- draining -------------------------------------------------------------------
 
@@ -272,7 +222,7 @@ class Reader:
             if counters is not None:
                 counters[_WAKEUPS] += 1
             added += self.drain(ring.key)
-        self._traffic()
+        self.clock.traffic()
         return added
 
     def _pause(self, key: int) -> None:
@@ -293,7 +243,7 @@ class Reader:
         failure: BrokenRingError | None = None
         try:
             span = ring.take()
-            self._drained_at[key] = self._clock()
+            self.clock.drained(key)
             if not span:
                 return 0
             segments, other = self.split(key, span)
@@ -323,41 +273,28 @@ class Reader:
         if failure is not None:
             self.push_failure(failure)
             return added + 1
-        if len(span) > self._full_mark and key in self._lost_base:
-            added += self._report_unannounced(key)
+        if len(span) > self._full_mark and self.losses.exact(key):
+            added += self._report_unannounced(ring)
         return added
 
     def _lost_record(self, key: int, count: int) -> int:
         """A lost record: report what an earlier exact count did not report already."""
-        ahead = self._lost_ahead.get(key, 0)
-        if ahead:
-            absorbed = min(ahead, count)
-            self._lost_ahead[key] = ahead - absorbed
-            count -= absorbed
+        count = self.losses.announced(key, count)
         if not count:
             return 0
         self.queue.append(Lost(key, count))
-        self.counters[key][_LOST] += count
         return 1
 
-    def _report_unannounced(self, key: int) -> int:
+    def _report_unannounced(self, ring: Ring) -> int:
         """Queue a Lost notice for drops the producer counted but no lost record announced.
 
-        Such drops come after every record taken so far: a sample written after
-        a drop is preceded by its lost record. Only a ring that was full can have
-        dropped, so drains call this only when they took nearly a whole ring.
+        Only a ring that was full can have dropped, so drains call this only when
+        they took nearly a whole ring.
         """
-        ring = self.rings.get(key)
-        total = ring.lost_total() if ring is not None else None
-        if total is None:
+        missing = self.losses.unannounced(ring)
+        if not missing:
             return 0
-        counters = self.counters[key]
-        missing = total - self._lost_base[key] - counters[_LOST]
-        if missing <= 0:
-            return 0
-        self.queue.append(Lost(key, missing))
-        counters[_LOST] += missing
-        self._lost_ahead[key] += missing
+        self.queue.append(Lost(ring.key, missing))
         self.pending += 1
         return 1
 
@@ -384,6 +321,14 @@ class Reader:
         self.close()
         self.push_failure(error)
         return 1
+
+    def _requeue(self, error: DecodeError, rest: Payloads) -> None:
+        """decode_errors="raise": the error at the front, the samples after it behind it."""
+        if rest.payloads:
+            self.queue.appendleft(_Chunk(*rest))
+            self.pending += len(rest.payloads)
+        self.queue.appendleft(_Failure(error))
+        self.pending += 1
 
     def drain_all(self, *, force: bool = False) -> int:
         """Check every ring: waking up userspace is expensive, make the most of it."""
@@ -423,10 +368,8 @@ class Reader:
         # A ring's readiness fires once per wakeup; the stalled ones will not fire again
         # for the data they already hold, so drain every ring now.
         self.drain_all()
-        if self._max_latency is not None and not self.paused and not self.closed:
-            now = self._clock()
-            self._last_traffic = now
-            self.deadline = now + self._max_latency
+        if not self.paused and not self.closed:
+            self.clock.resumed()
 
     def close(self) -> None:
         """Take what the rings still hold and forget them (they are freed next). Idempotent.
@@ -437,68 +380,108 @@ class Reader:
             return
         try:
             self.drain_all(force=True)
-            for key in list(self.rings):
-                if key in self._lost_base:
-                    self._report_unannounced(key)
+            for ring in list(self.rings.values()):
+                self._report_unannounced(ring)
         finally:
             self.closed = True
             self.rings = {}
             self._handles = {}
             self.stalled.clear()
             self.paused = False
-            self.deadline = None
+            self.clock.stop()
 
     # --- handing out -----------------------------------------------------------------
 
-    def take(self, max_items: int) -> list[Any]:
+    def pop(self, max_items: int | None, started: bool) -> Piece | None:
+        """The next piece of the queue: at most ``max_items`` samples (None: no limit) of
+        its front chunk, or a lost notice; None when the queue is empty.
+
+        A queued failure (a broken ring; a bad sample under ``decode_errors="raise"``)
+        is raised when nothing was ``started`` in this batch; otherwise it stays at
+        the front and the batch ends in front of it (None).
+        """
+        queue = self.queue
+        if not queue:
+            return None
+        seg = queue[0]
+        cls = seg.__class__
+        if cls is _RunChunk:
+            run = seg.run  # type: ignore[union-attr]
+            start = seg.pos  # type: ignore[union-attr]
+            stop = run.count if max_items is None else min(run.count, start + max_items)
+            seg.pos = stop  # type: ignore[union-attr]
+            if stop == run.count:
+                queue.popleft()
+            self.pending -= stop - start
+            return RunPiece(seg.key, run, start, stop)  # type: ignore[union-attr]
+        if cls is _Chunk:
+            payloads = seg.payloads  # type: ignore[union-attr]
+            start = seg.pos  # type: ignore[union-attr]
+            size = len(payloads)
+            stop = size if max_items is None else min(size, start + max_items)
+            part = payloads if start == 0 and stop == size else payloads[start:stop]
+            seg.pos = stop  # type: ignore[union-attr]
+            if stop == size:
+                queue.popleft()
+            self.pending -= stop - start
+            return Payloads(seg.key, part, seg.uniform)  # type: ignore[union-attr]
+        if cls is _Failure:
+            if started:
+                return None
+            queue.popleft()
+            self.pending -= 1
+            raise seg.error  # type: ignore[union-attr]
+        queue.popleft()
+        self.pending -= 1
+        return seg  # type: ignore[return-value]  # a Lost notice
+
+    def take(self, max_items: int) -> list[Event[Any]]:
         """Up to ``max_items`` events from the front of the queue, built now.
 
         Drains first (so that a consumer never sleeps on events its own look
-        found), resuming after backpressure. Raises a queued failure (a broken
-        ring; a bad sample under ``decode_errors="raise"``) when it reaches the
-        front with nothing before it in the batch; otherwise stops the batch in
-        front of it.
+        found), resuming after backpressure. Raises a queued failure when it
+        reaches the front with nothing before it in the batch (see ``pop``).
         """
         held = self.held
         out: list[Any] = []
         if self.held_arrays:
-            self._unbuild_arrays()  # a columnar consumer stopped: its arrays as events
+            # A columnar consumer stopped: its arrays as events, in front.
+            columns = self._columns
+            assert columns is not None
+            events = columns.events(self.held_arrays, self.builder)
+            self.held_arrays.clear()
+            held.extendleft(reversed(events))
         if held:
             if len(held) >= max_items:
                 return [held.popleft() for _ in range(max_items)]
             out = list(held)
             held.clear()
         self._before_taking()
-        queue = self.queue
-        while queue and len(out) < max_items:
-            seg = queue[0]
-            cls = seg.__class__
-            if cls is _RunChunk:
-                run = seg.run
-                start = seg.pos
-                stop = min(run.count, start + max_items - len(out))
-                seg.pos = stop
-                if stop == run.count:
-                    queue.popleft()
-                self.pending -= stop - start
-                self._build_run(seg.key, run, start, stop, out)
-                continue
-            if cls is _Chunk:
-                payloads = seg.payloads
-                start = seg.pos
-                stop = min(len(payloads), start + max_items - len(out))
-                part = payloads if start == 0 and stop == len(payloads) else payloads[start:stop]
-                seg.pos = stop
-                if stop == len(payloads):
-                    queue.popleft()
-                self.pending -= stop - start
-                # A decode failure under "raise" is queued at the front: the next
-                # round raises it, or ends the batch in front of it.
-                self._build(seg.key, part, seg.uniform, out)
-                continue
-            if not self._take_notice(seg, out):
+        pop = self.pop
+        builder = self.builder
+        while len(out) < max_items:
+            piece = pop(max_items - len(out), bool(out))
+            if piece is None:
                 break
+            if isinstance(piece, RunPiece):
+                builder.run(piece.key, piece.run, piece.start, piece.stop, out)
+            elif isinstance(piece, Payloads):
+                # A decode failure under "raise" is queued at the front: the next
+                # piece raises it, or ends the batch in front of it.
+                builder.payloads(piece.key, piece.payloads, piece.uniform, out)
+            else:
+                out.append(piece)
         return out
+
+    def fill(self, max_items: int) -> bool:
+        """Take a batch into the front queue if it is empty (then ``next_event()`` serves
+        it); whether the front has events."""
+        held = self.held
+        if not held:
+            # In front: taking may have left events behind it (a columnar
+            # consumer's arrays, turned back into events).
+            held.extendleft(reversed(self.take(max_items)))
+        return bool(held)
 
     def _before_taking(self) -> None:
         """Resume after backpressure, or drain the rings that are filling."""
@@ -506,102 +489,6 @@ class Reader:
             self._maybe_resume()
         elif self.rings:
             self._drain_filling()
-
-    def _take_notice(self, seg: Any, out: list[Any]) -> bool:
-        """The front of the queue is no sample: a failure (raised; or, with events
-        before it in the batch, False: the batch ends in front of it) or a Lost notice."""
-        if seg.__class__ is _Failure:
-            if out:
-                return False
-            self.queue.popleft()
-            self.pending -= 1
-            raise seg.error
-        self.queue.popleft()
-        self.pending -= 1
-        out.append(seg)
-        return True
-
-    def _build_run(self, key: int, run: Run, start: int, stop: int, out: list[Any]) -> None:
-        """Sample events of records ``start`` to ``stop`` of a run, straight out of its span."""
-        payloads = run.payloads(start, stop)
-        decoder = self.decoder
-        if decoder is None:
-            rows = zip(_repeat(key), payloads, _NONES, strict=False)
-            out.extend(map(_tuple_new, _repeat(Sample), rows))
-            return
-        if isinstance(decoder, SizedDecoder) and run.size >= decoder.size:
-            # Fixed-size records, all long enough: decode the whole run at C speed, the
-            # fields unpacked from the span itself where the format allows.
-            fields = decoder.strided(run.skip, run.stride)
-            if fields is None:
-                values = decoder.decode_many(payloads)
-            else:
-                at = run.start + start * run.stride
-                view = memoryview(run.span)[at : at + (stop - start) * run.stride]
-                values = decoder.decode_rows(fields.iter_unpack(view))
-            # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
-            # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
-            rows = zip(_repeat(key), payloads, values, strict=False)
-            out.extend(_starmap(_tuple_new, zip(_repeat(Sample), rows, strict=False)))
-            return
-        self._build(key, payloads, True, out)
-
-    def _build(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
-        decoder = self.decoder
-        if decoder is None:
-            rows = zip(_repeat(key), payloads, _NONES, strict=False)
-            out.extend(map(_tuple_new, _repeat(Sample), rows))
-            return
-        if uniform and isinstance(decoder, SizedDecoder) and len(payloads[0]) >= decoder.size:
-            # Fixed-size records, all long enough: decode the whole run at C speed.
-            values = decoder.decode_many(payloads)
-            rows = zip(_repeat(key), payloads, values, strict=False)
-            out.extend(map(_tuple_new, _repeat(Sample), rows))
-            return
-        for index, data in enumerate(payloads):
-            try:
-                value = decoder(data)
-            except Exception as exc:
-                if not self._decode_failed(key, payloads, uniform, index, exc, out):
-                    return  # "raise": the rest went back to the queue behind the error
-                continue
-            out.append(_tuple_new(Sample, (key, data, value)))
-
-    def _decode_failed(
-        self, key: int, payloads: list[bytes], uniform: bool, index: int, exc: Exception,
-        out: list[Any],
-    ) -> bool:
-        data = payloads[index]
-        self.counters[key][_DECODE_ERRORS] += 1
-        error = exc if isinstance(exc, DecodeError) else DecodeError(key, data, str(exc))
-        if error is not exc:
-            error.__cause__ = exc
-        if self.decode_errors == "skip":
-            return True
-        if self.decode_errors == "item":
-            out.append(BadSample(key, data, error))
-            return True
-        # "raise": what follows the bad sample goes back, behind the error.
-        rest = payloads[index + 1 :]
-        if rest:
-            self.queue.appendleft(_Chunk(key, rest, uniform))
-            self.pending += len(rest)
-        self.queue.appendleft(_Failure(error))
-        self.pending += 1
-        return False
-
-    def _unbuild_arrays(self) -> None:
-        """Turn the columnar front into Sample events, at the front of ``held``."""
-        events: list[Any] = []
-        for event in self.held_arrays:
-            if event.__class__ is not SampleArray:
-                events.append(event)
-            elif isinstance(event._source, Run):
-                self._build_run(event.cpu, event._source, 0, event._source.count, events)
-            else:
-                self._build(event.cpu, event._source, False, events)
-        self.held_arrays.clear()
-        self.held.extendleft(reversed(events))
 
     # --- columnar batches ------------------------------------------------------------
 
@@ -617,93 +504,37 @@ class Reader:
             self.split = self._columns.split_for(self.source.records)
         return self._columns
 
-    def take_arrays(self, max_rows: int | None = None) -> list[Any]:
+    def take_arrays(self, max_rows: int | None = None) -> list[ArrayItem]:
         """Everything queued, as :class:`SampleArray` items (one per run of one CPU's
         samples, at most ``max_rows`` rows each), ``Lost`` and ``BadSample`` in place.
 
-        The same drains, backpressure and failure rules as :meth:`take`.
+        The same walk over the queue, drains, backpressure and failure rules as
+        :meth:`take`.
         """
         columns = self.columns()
-        held = self.held
         out = list(self.held_arrays)
         self.held_arrays.clear()
-        if held:
-            samples: list[Any] = []
-            for event in held:
-                if event.__class__ is Sample:
-                    samples.append(event)
-                    continue
-                if samples:
-                    out.extend(columns.from_samples(samples))
-                    samples = []
-                out.append(event)
-            if samples:
-                out.extend(columns.from_samples(samples))
-            held.clear()
+        if self.held:
+            out.extend(columns.front(self.held))  # a per-item consumer stopped
+            self.held.clear()
         self._before_taking()
-        queue = self.queue
-        while queue:
-            seg = queue[0]
-            cls = seg.__class__
-            if cls is _RunChunk:
-                queue.popleft()
-                run = seg.run
-                self.pending -= run.count - seg.pos
-                self._arrays_of_run(seg.key, run, seg.pos, max_rows, out)
-                continue
-            if cls is _Chunk:
-                queue.popleft()
-                payloads = seg.payloads[seg.pos :] if seg.pos else seg.payloads
-                self.pending -= len(payloads)
-                self._arrays_of_payloads(seg.key, payloads, seg.uniform, max_rows, out)
-                continue
-            if not self._take_notice(seg, out):
-                break
-        return out
+        pop = self.pop
+        builder = self.builder
+        while True:
+            piece = pop(None, bool(out))
+            if piece is None:
+                return out
+            if isinstance(piece, Lost):
+                out.append(piece)
+            else:
+                columns.arrays(piece, builder, max_rows, out)
 
-    def _arrays_of_run(
-        self, key: int, run: Run, first: int, max_rows: int | None, out: list[Any]
-    ) -> None:
-        columns = self._columns
-        assert columns is not None
-        if run.size < columns.size:  # all of them too short for the decoder
-            self._bad_rows(key, run.payloads(first), True, range(run.count - first), out)
-            return
-        step = max_rows or run.count
-        for at in range(first, run.count, step):
-            out.append(columns.from_run(key, run, at, min(run.count, at + step)))
-
-    def _arrays_of_payloads(
-        self, key: int, payloads: list[bytes], uniform: bool, max_rows: int | None,
-        out: list[Any],
-    ) -> None:
-        columns = self._columns
-        assert columns is not None
-        start = 0
-        for index in [*columns.too_short(payloads), len(payloads)]:
-            step = max_rows or max(1, index - start)
-            for at in range(start, index, step):
-                out.append(columns.from_payloads(key, payloads[at : min(index, at + step)]))
-            if index == len(payloads):
-                return
-            if not self._bad_rows(key, payloads, uniform, (index,), out):
-                return
-            start = index + 1
-
-    def _bad_rows(
-        self, key: int, payloads: list[bytes], uniform: bool, indexes: Sequence[int] | range,
-        out: list[Any],
-    ) -> bool:
-        """Samples too short for the decoder, under the decode_errors policy (False: raised)."""
-        decoder = self.decoder
-        assert decoder is not None
-        for index in indexes:
-            try:
-                decoder(payloads[index])
-            except Exception as exc:
-                if not self._decode_failed(key, payloads, uniform, index, exc, out):
-                    return False
-        return True
+    def fill_arrays(self, max_rows: int | None) -> bool:
+        """``fill`` for a columnar consumer (``next_array()`` serves the front)."""
+        held = self.held_arrays
+        if not held:
+            held.extend(self.take_arrays(max_rows))
+        return bool(held)
 
     def put_back(self, events: list[Any]) -> None:
         """Return built events to the front, in order (nothing is dropped)."""
@@ -715,67 +546,27 @@ class Reader:
     def dispatch(
         self, batch: list[Any], handlers: Handlers
     ) -> Generator[Awaitable[Any], None, None]:
-        """Hand each event to its callback; yield what a callback returned to be awaited.
-
-        A driver awaits (or refuses) each yielded awaitable and throws its
-        exception back in here. Whatever the failure, the events after the
-        failing one are put back, in order, for the next round.
-        """
-        on_sample = handlers.on_sample
-        on_lost = handlers.on_lost
-        on_bad = handlers.on_decode_error
-        on_array = handlers.on_array
-        isawaitable = inspect.isawaitable
-        index = 0
-        try:
-            for index, event in enumerate(batch):  # noqa: B007 - index is used on error
-                cls = event.__class__
-                if cls is Sample:
-                    result = on_sample(event)  # type: ignore[misc]
-                elif cls is Lost:
-                    if on_lost is None:
-                        continue
-                    result = on_lost(event)
-                elif cls is SampleArray:
-                    result = on_array(event)  # type: ignore[misc]
-                elif on_bad is not None:
-                    result = on_bad(event)
-                else:
-                    raise event.error
-                # The callback is called inline and awaited only when it returned an
-                # awaitable: a coroutine layer per event cost ~290 ns (measured);
-                # `is not None` first, because isawaitable(None) costs ~150 ns.
-                if result is not None and isawaitable(result):
-                    yield result
-        except BaseException:
-            self.put_back(batch[index + 1 :])
-            raise
+        """Hand each event to its callback (``_callbacks.dispatch``); what follows a
+        failure is put back, in order."""
+        return dispatch(batch, handlers, self.put_back)
 
     # --- statistics -----------------------------------------------------------------
 
     @property
-    def lost_counter(self) -> Literal["exact", "records", "none"]:
-        """Where loss counts come from: the producer's exact count, lost records, or nowhere
-        (a BPF ring buffer without the BPF side's count: the kernel keeps none)."""
-        if self._lost_base:
-            return "exact"
-        return "records" if getattr(self.source.records, "lost_records", True) else "none"
-
-    def _kernel_lost(self, key: int, reported: int) -> int:
-        """What the producer counts as lost on this ring, if more than the stream reported yet."""
-        ring = self.rings.get(key)
-        total = ring.lost_total() if ring is not None and key in self._lost_base else None
-        return reported if total is None else max(reported, total - self._lost_base[key])
+    def lost_counter(self) -> LostCounter:
+        """Where loss counts come from (``LossLedger.counter``)."""
+        return self.losses.counter(self.source.records)
 
     def statistics(self) -> StreamStatistics:
+        losses, errors = self.losses, self.builder.errors
         cpus = tuple(
             CpuStatistics(
                 cpu=key,
                 samples=c[_SAMPLES],
-                lost=self._kernel_lost(key, c[_LOST]),
+                lost=losses.lost(key, self.rings.get(key)),
                 bytes=c[_BYTES],
                 wakeups=c[_WAKEUPS],
-                decode_errors=c[_DECODE_ERRORS],
+                decode_errors=errors.get(key, 0),
                 other_records=c[_OTHER],
                 broken=key in self.broken,
             )
@@ -791,7 +582,7 @@ class Reader:
             ring_bytes=self.ring_bytes,
             memory_bytes=self.memory_bytes,
             closed=self.closed,
-            drain_period=None if self.closed else self.period(self._clock()),
+            drain_period=None if self.closed else self.period(self.clock.now()),
             lost_counter=self.lost_counter,
         )
 

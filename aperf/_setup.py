@@ -18,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._clock import Clock
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
 from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
 from ._object import BPFObject, Map
 from ._options import (
+    DecodeErrorPolicy,
     Wakeup,
     check_decode_errors,
     check_max_pending,
@@ -29,7 +31,7 @@ from ._options import (
     ring_data_bytes,
 )
 from ._perf_source import PerfEventArraySource
-from ._reader import Clock, DecodeErrorPolicy, Reader
+from ._reader import Reader
 from ._ringbuf_source import RingBufferSource
 from ._source import RING_SOURCE_MEMBERS, RingConfig, RingSource
 

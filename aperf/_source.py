@@ -22,9 +22,11 @@ import operator
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from ._options import Wakeup
+from ._waiting.base import HandleKind as HandleKind  # what sources say their handles are
+from ._waiting.base import OnHandle as OnHandle
 
 # --- what a record format hands the reader: segments of a span, in ring order ---
 
@@ -74,11 +76,6 @@ RunEnd = Callable[[bytes, int, int, int], int]
 
 # --- the protocols ---
 
-OnHandle = Callable[[int], None]
-"""A function of a readiness handle: a driver's ``on_ready``, a source's ``acknowledge``."""
-
-HandleKind = Literal["fd", "win32"]
-"""What a readiness handle is: a file descriptor to poll for input, or a Windows wait handle."""
 
 
 class RecordFormat(Protocol):

@@ -10,87 +10,87 @@ import inspect
 import struct
 import threading
 import warnings
-import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, overload
+from functools import partial
+from typing import Any, Generic, TypeVar, overload
 
+from ._callbacks import Handlers, check_callback
 from ._errors import BusyResourceError, ClosedResourceError
-from ._events import BadSample, Event, Lost, SampleArray, StreamStatistics, T
-from ._lifetime import forked_error, track, untrack, weak_callback
-from ._log import log
-from ._loops import LoopBinding, current_binding
-from ._options import Wakeup
-from ._reader import (
-    DEFAULT_BATCH,
-    DEFAULT_MAX_PENDING,
-    DecodeErrorPolicy,
-    Handlers,
-    Reader,
-    load_columns,
-)
+from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
+from ._lifetime import OpenReader, weak_callback
+from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
+from ._waiting import current_binding
+from ._waiting.base import LoopBinding
 
 Callback = Callable[[Any], Any]
+I = TypeVar("I")  # noqa: E741 - what an iterator hands out
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
 
 
-class _Held:
-    """What an open stream holds: released by close, or at garbage collection."""
-
-    __slots__ = ("__weakref__", "forked", "loop", "reader")
-
-    def __init__(self, loop: LoopBinding, reader: Reader) -> None:
-        self.loop = loop
-        self.reader = reader
-        self.forked = False  # set in a child process that inherited the stream
-
-    def release(self) -> None:
-        """Unwatch, then free the rings (the stream's own close drains first)."""
-        if self.forked:
-            self.reader.source.after_fork()  # never the loop: its epoll is the parent's too
-            return
-        try:
-            self.loop.stop()
-        finally:
-            self.reader.source.free()
+def _check_max_rows(max_rows: int | None) -> int | None:
+    if max_rows is not None and (
+        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+    ):
+        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+    return max_rows
 
 
-def _release_dropped(held: _Held, name: str) -> None:
-    """The stream was garbage-collected without being closed."""
-    warnings.warn(
-        f"unclosed PerfStream on {name}: use 'async with' or aclose(); its rings were "
-        "released at garbage collection",
-        ResourceWarning,
-        stacklevel=2,
-    )
-    loop = held.loop
-    in_other_thread = not held.forked and loop.running() and not loop.in_loop_thread()
-    if in_other_thread and loop.call_soon_threadsafe(held.release):
-        return  # the loop thread unwatches and frees
-    held.release()
+def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
+    """How a dropped stream's release gets to its loop's thread, when that runs elsewhere."""
+
+    def hand_over(release: Callable[[], None]) -> bool:
+        return loop.running() and not loop.in_loop_thread() and loop.call_soon_threadsafe(release)
+
+    return hand_over
 
 
 class PerfStream(Generic[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
 
-    ``source`` is an [`aperf.Map`][aperf.Map], the fd of such a map loaded by anything
-    else, the path of a pinned map (the map's type picks how it is read), or a ring
-    source ([`aperf.RingBufferSource`][aperf.RingBufferSource],
-    [`aperf.testing.FakeRingSource`][aperf.testing.FakeRingSource]). It runs on
-    asyncio, uvloop and trio (directly or through anyio). Open it with ``async with`` (or
-    ``await stream.open()`` and ``await stream.aclose()``), then either iterate
-    it (``async for event in stream``, or ``stream.batches()``) or, given
-    callbacks, ``await stream.run()``. Events are ``Sample[T] | Lost |
-    BadSample`` where ``T`` is what the decoder returns. ``stream.arrays()``
-    (and ``on_array=`` in callback mode) gives NumPy arrays of samples instead
-    (docs/columnar.md).
+    It runs on asyncio, uvloop and trio (directly or through anyio). Open it with
+    ``async with`` (or ``await stream.open()`` and ``await stream.aclose()``), then
+    iterate it (``async for event in stream``, ``stream.batches()``, or
+    ``stream.arrays()`` for NumPy arrays: docs/columnar.md) or hand the events to
+    callbacks (``await stream.run(on_sample)``, ``run_batches(on_batch)``,
+    ``run_arrays(on_array)``). Events are ``aperf.Sample[T] | aperf.Lost |
+    aperf.BadSample``, where ``T`` is what the decoder returns.
 
-    One aperf reader per map, in any process: opening a map that another reader
-    holds raises ``BusyResourceError`` naming its pid, unless ``take_over=True``,
-    which asks that reader to give the map up (its stream then ends with
-    [`aperf.TakenOverError`][aperf.TakenOverError]); see docs/rings.md, "Two readers of one map".
+    Args:
+        source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
+            else, or the path of a pinned map (the map's type picks how it is read: a
+            perf event array, or a BPF ring buffer); or a ring source
+            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``).
+        pages: pages per ring, a power of two (default ``aperf.DEFAULT_PAGES``, 128, per
+            CPU). Give ``pages`` or ``ring_bytes``, not both; neither for a BPF ring
+            buffer, whose size is the map's own.
+        ring_bytes: bytes per ring instead, rounded up to a power-of-two page count.
+        decoder: what ``Sample.value`` holds: None (only the raw ``Sample.data``), the
+            name of a struct or typedef in the BTF of the map's ``aperf.BPFObject``, a
+            ``ctypes.Structure`` subclass, a ``struct.Struct``, or any callable that
+            takes a sample's ``bytes`` and returns its value (docs/decoding.md).
+        wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
+            ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
+        max_pending: events the stream queues before it stops draining its rings
+            (backpressure: the rings then fill, and the producer's drops are counted
+            as lost); an int of at least 1.
+        decode_errors: what becomes of a sample the decoder cannot decode: "item" (a
+            ``BadSample`` in the stream, in order), "raise" (a ``DecodeError`` raised to
+            the consumer where the sample was) or "skip"; each is counted in
+            ``statistics().decode_errors``.
+        on_sample: deprecated: give it to ``await stream.run(on_sample)``.
+        on_lost: deprecated: ``run(on_sample, on_lost=...)``.
+        on_decode_error: deprecated: ``run(on_sample, on_decode_error=...)``.
+        on_array: deprecated: ``run_arrays(on_array)``.
+        on_batch: deprecated: ``run_batches(on_batch)``.
+        take_over: False (the default): opening a map that another aperf reader holds,
+            in any process, raises ``BusyResourceError`` naming its pid. True: ask that
+            reader to give the map up; its stream then ends with
+            ``aperf.TakenOverError`` (docs/rings.md, "Two readers of one map").
     """
 
     @overload
@@ -106,9 +106,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callback | None = ...,
         on_lost: Callback | None = ...,
-        on_batch: Callable[[list[Event[None]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        on_batch: Callable[[list[Event[None]]], Any] | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -125,9 +125,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callback | None = ...,
         on_lost: Callback | None = ...,
-        on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -144,9 +144,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callback | None = ...,
         on_lost: Callback | None = ...,
-        on_batch: Callable[[list[Event[T]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        on_batch: Callable[[list[Event[T]]], Any] | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -162,9 +162,9 @@ class PerfStream(Generic[T]):
         decode_errors: DecodeErrorPolicy = "item",
         on_sample: Callback | None = None,
         on_lost: Callback | None = None,
-        on_batch: Callable[[list[Any]], Any] | None = None,
         on_decode_error: Callback | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        on_batch: Callable[[list[Any]], Any] | None = None,
         take_over: bool = False,
     ) -> None:
         # Everything is checked here, before any ring exists.
@@ -174,8 +174,8 @@ class PerfStream(Generic[T]):
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
-        if on_batch is not None and not callable(on_batch):
-            raise TypeError(f"on_batch must be callable, not {type(on_batch).__name__}")
+        if on_batch is not None:
+            check_callback("on_batch", on_batch)
         self._on_batch = on_batch
         self._handlers: Handlers | None = None
         if on_array is not None:
@@ -188,10 +188,17 @@ class PerfStream(Generic[T]):
         elif on_lost is not None or on_decode_error is not None:
             raise ValueError("on_lost and on_decode_error go with an on_sample or on_array "
                              "callback")
+        if self._handlers is not None or on_batch is not None:
+            warnings.warn(
+                "PerfStream's callback keywords are deprecated: give the callbacks to the "
+                "method that uses them, await stream.run(on_sample, on_lost=..., "
+                "on_decode_error=...), run_batches(on_batch) or run_arrays(on_array, ...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._reader: Reader | None = None
         self._loop: LoopBinding | None = None
-        self._held: _Held | None = None
-        self._finalizer: Any = None  # weakref.finalize, once open
+        self._held: OpenReader | None = None
         self._timer_at: float | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -207,11 +214,11 @@ class PerfStream(Generic[T]):
         source = self._options.source
         loop = current_binding(source.handle_kind)
         reader = self._options.open(loop.time)
-        held = _Held(loop, reader)
+        held = OpenReader(reader, loop.stop, what="PerfStream", noun="perf stream",
+                          stop_in_child=False, hand_over=_on_loop_thread(loop))
         try:
             # Weakly: a registration must not keep a dropped stream alive.
-            handles = reader.handles()
-            loop.watch(handles, weak_callback(self._on_ready), source.acknowledge)
+            loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge)
         except BaseException:
             held.release()
             raise
@@ -219,23 +226,13 @@ class PerfStream(Generic[T]):
         self._loop = loop
         self._held = held
         self._tick_callback = weak_callback(self._tick)
-        track(held)
-        self._finalizer = weakref.finalize(self, _release_dropped, held, source.name)
+        held.opened(self, "'async with' or aclose()")
         # Arming a perf fd polls it, which clears a wakeup that came between opening the
         # rings and arming them; uvloop arms on its next iteration. So the first look
         # at the rings is a tick of the drain timer, due now: it runs on the loop after
         # the arm (the trio binding looks once more after its own first arm).
         reader.deadline = loop.time()
         self._sync_timer()
-        log.info(
-            "perf stream opened",
-            source=source.name,
-            cpus=sorted(reader.rings),
-            ring_bytes=reader.ring_bytes,
-            memory_bytes=reader.memory_bytes,
-            wakeup=reader.wakeup,
-            lost_counter=reader.lost_counter,
-        )
 
     async def __aenter__(self) -> PerfStream[T]:
         await self.open()
@@ -293,25 +290,16 @@ class PerfStream(Generic[T]):
         with self._close_lock:
             if self._closed:
                 return
-            self._closed = True  # 1. mark closed
-        held, finalizer = self._held, self._finalizer
-        if finalizer is not None:
-            finalizer.detach()
+            self._closed = True  # mark closed, then close in the lifetime's order
+        held = self._held
         if held is None:
             return
-        untrack(held)
-        if held.forked:
-            held.release()  # the child's fds only; the parent's rings and loop untouched
-            return
+        forked = held.forked
         try:
-            held.loop.stop()  # 2. no loop callback may touch the rings from now on
-            held.reader.close()  # takes what the rings hold; forgets them
+            held.close()
         finally:
-            try:
-                held.reader.source.free()  # 3. rings unmapped, handles closed
-            finally:
-                held.reader.log_summary("perf stream closed")
-                self._wake()  # 4. a parked consumer sees the end
+            if not forked:
+                self._wake()  # then a parked consumer sees the end
 
     @property
     def closed(self) -> bool:
@@ -379,13 +367,12 @@ class PerfStream(Generic[T]):
     # --- consuming ---------------------------------------------------------------------
 
     def _require_open(self) -> Reader:
-        if self._reader is None:
+        held = self._held
+        if held is None:
             raise ClosedResourceError(
                 "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
             )
-        if self._held is not None and self._held.forked:
-            raise ClosedResourceError(forked_error("PerfStream"))
-        return self._reader
+        return held.usable()
 
     def _take(self, reader: Reader, max_items: int) -> list[Event[T]]:
         batch = reader.take(max_items)
@@ -393,25 +380,28 @@ class PerfStream(Generic[T]):
             self._sync_timer()  # taking resumed a parked timer
         return batch
 
+    def _fill(self, reader: Reader, max_items: int) -> bool:
+        filled = reader.fill(max_items)
+        if reader.deadline != self._timer_at:
+            self._sync_timer()  # taking resumed a parked timer
+        return filled
+
+    def _fill_arrays(self, reader: Reader, max_rows: int | None) -> bool:
+        filled = reader.fill_arrays(max_rows)
+        if reader.deadline != self._timer_at:
+            self._sync_timer()
+        return filled
+
     async def _wait(self) -> None:
         assert self._loop is not None
         await self._loop.wait()
 
     def __aiter__(self) -> AsyncIterator[Event[T]]:
-        # An async generator costs less per item than a coroutine per __anext__. But
-        # trio warns (ResourceWarning) whenever one is collected unfinished, as after a
-        # break out of ``async for``: there, an iterator object serves.
-        if self._generators_warn():
-            reader = self._require_open()
-            return _Items(self, reader.held, lambda: self._take(reader, DEFAULT_BATCH))
-        return self._events()
-
-    def _generators_warn(self) -> bool:
-        loop = self._loop
-        return loop is not None and loop.warns_on_unfinished_generators
+        reader = self._require_open()
+        return _Items(self, reader.next_event, partial(self._fill, reader, DEFAULT_BATCH))
 
     async def __anext__(self) -> Event[T]:
-        """One event (``await anext(stream)``); ``async for`` uses a cheaper path."""
+        """One event (``await anext(stream)``); ``async for`` takes them a batch at a time."""
         reader = self._require_open()
         while True:
             batch = self._take(reader, 1)
@@ -421,54 +411,137 @@ class PerfStream(Generic[T]):
                 raise StopAsyncIteration
             await self._wait()
 
-    async def _events(self) -> AsyncIterator[Event[T]]:
-        # Events are built a batch at a time into the reader's front queue and handed
-        # out one by one. The queue lives in the reader, not in this generator, so
-        # when a consumer stops (break, cancellation, an exception in its loop body)
-        # the next iteration continues exactly where it left off: nothing is dropped.
-        reader = self._require_open()
-        held = reader.held
-        popleft = held.popleft
-        while True:
-            if held:
-                yield popleft()
-                continue
-            batch = self._take(reader, DEFAULT_BATCH)
-            if batch:
-                # In front: taking may have left events behind it (a columnar
-                # consumer's arrays, turned back into events).
-                held.extendleft(reversed(batch))
-            elif self._closed:
-                return
-            else:
-                await self._wait()
-
     def batches(self, max_items: int = DEFAULT_BATCH) -> AsyncIterator[list[Event[T]]]:
         """Lists of up to ``max_items`` events, in stream order, without a per-item await:
         ``async for batch in stream.batches(): ...``."""
         if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
             raise ValueError(f"max_items must be an int of at least 1, not {max_items!r}")
         reader = self._require_open()
-        return _Batches(self, lambda: self._take(reader, max_items))
+        return self._batches(partial(self._take, reader, max_items))
 
-    async def run(self) -> None:
+    def _batches(self, take: Callable[[], list[Any]]) -> _Items[Any]:
+        # A batch is taken into this slot and handed out in the same step: nothing
+        # waits in it across an await, so a cancelled anext() loses nothing.
+        slot: deque[list[Any]] = deque()
+
+        def fill() -> bool:
+            batch = take()
+            if batch:
+                slot.append(batch)
+            return bool(batch)
+
+        return _Items(self, slot.popleft, fill)
+
+    async def run(
+        self,
+        on_sample: Callable[[Sample[T]], Any] | None = None,
+        *,
+        on_lost: Callable[[Lost], Any] | None = None,
+        on_decode_error: Callable[[BadSample], Any] | None = None,
+    ) -> None:
         """Callback mode: hand every event to the callbacks until the stream closes.
 
-        Callbacks may be plain functions or coroutines. An exception raised by a
-        callback propagates out of ``run()``; the events after it stay queued.
+        Args:
+            on_sample: called as ``on_sample(sample)`` with each ``aperf.Sample``:
+                ``sample.cpu`` (the ring's CPU, -1 for a BPF ring buffer),
+                ``sample.data`` (the raw bytes, the caller's own) and ``sample.value``
+                (what the decoder made of them; None without one).
+            on_lost: called as ``on_lost(lost)`` with each ``aperf.Lost`` notice, in
+                order: ``lost.cpu`` and ``lost.count`` (samples the producer dropped
+                there). None: losses are only counted (``statistics()``).
+            on_decode_error: called as ``on_decode_error(bad)`` with each
+                ``aperf.BadSample`` under ``decode_errors="item"``: ``bad.cpu``,
+                ``bad.data`` and ``bad.error`` (the ``DecodeError``). None: that
+                ``DecodeError`` is raised out of ``run()``.
+
+        Callbacks may be plain functions or coroutine functions (awaited in turn). An
+        exception raised by a callback propagates out of ``run()``; the events after
+        it stay queued for the next ``run()`` or iteration.
         """
+        if on_sample is None:
+            handlers, on_batch = self._constructor_callbacks(on_lost, on_decode_error)
+            if on_batch is not None:
+                await self._run_batches(on_batch)
+                return
+        else:
+            if self._handlers is not None or self._on_batch is not None:
+                raise ValueError("callbacks were given to the constructor (deprecated) and to "
+                                 "run(): give them to run() only")
+            handlers = Handlers(on_sample, on_lost, on_decode_error)
+        await self._dispatch(handlers)
+
+    def _constructor_callbacks(
+        self, on_lost: object, on_decode_error: object
+    ) -> tuple[Handlers, Callable[[list[Any]], Any] | None]:
         handlers, on_batch = self._handlers, self._on_batch
         if handlers is None and on_batch is None:
-            raise ValueError("run() needs on_sample (and on_lost), on_batch or on_array callbacks")
+            raise TypeError("run() needs on_sample: await stream.run(on_sample, on_lost=..., "
+                            "on_decode_error=...)")
+        if on_lost is not None or on_decode_error is not None:
+            raise TypeError("on_lost and on_decode_error go with run(on_sample, ...)")
+        warnings.warn(
+            "run() with the constructor's callbacks is deprecated: await stream.run(on_sample, "
+            "on_lost=..., on_decode_error=...), run_batches(on_batch) or run_arrays(on_array)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return handlers, on_batch  # type: ignore[return-value]
+
+    async def run_batches(self, on_batch: Callable[[list[Event[T]]], Any]) -> None:
+        """Hand the events to ``on_batch`` a list at a time, until the stream closes.
+
+        Args:
+            on_batch: called as ``on_batch(batch)`` with each batch: a list of up to 256
+                events (``aperf.Sample``, ``aperf.Lost`` and ``aperf.BadSample``, in
+                stream order) as ``batches()`` yields them. A plain function or a
+                coroutine function; an exception it raises propagates out of
+                ``run_batches()``.
+        """
+        check_callback("on_batch", on_batch)
+        await self._run_batches(on_batch)
+
+    async def _run_batches(self, on_batch: Callable[[list[Any]], Any]) -> None:
+        self._require_open()
+        isawaitable = inspect.isawaitable
+        async for batch in self.batches():
+            result = on_batch(batch)
+            if result is not None and isawaitable(result):
+                await result
+
+    async def run_arrays(
+        self,
+        on_array: Callable[[SampleArray], Any],
+        *,
+        on_lost: Callable[[Lost], Any] | None = None,
+        on_decode_error: Callable[[BadSample], Any] | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        """Columnar callback mode: samples as NumPy arrays, until the stream closes.
+
+        Args:
+            on_array: called as ``on_array(array)`` with each ``aperf.SampleArray``:
+                the samples of one run of one CPU (``array.cpu``), at most ``max_rows``
+                of them; ``array.values`` is a read-only NumPy structured array of the
+                decoded fields, ``array.tails`` the bytes past the fixed part (a
+                flexible array member), if any.
+            on_lost: called as ``on_lost(lost)`` with each ``aperf.Lost`` notice
+                (``lost.cpu``, ``lost.count``), in order. None: only counted.
+            on_decode_error: called as ``on_decode_error(bad)`` with each
+                ``aperf.BadSample`` (a sample too short for the decoder). None: the
+                ``DecodeError`` is raised out of ``run_arrays()``.
+            max_rows: the most rows in one array (None: a whole run), as for ``arrays()``.
+
+        Needs NumPy and a decoder with a layout, as ``arrays()`` does (checked now).
+        """
+        max_rows = _check_max_rows(max_rows)
+        handlers = Handlers(None, on_lost, on_decode_error, on_array)
+        load_columns(self._options.decoder)  # NumPy and a decoder with a layout, now
+        await self._dispatch(handlers, max_rows)
+
+    async def _dispatch(self, handlers: Handlers, max_rows: int | None = None) -> None:
         reader = self._require_open()
-        columnar = handlers is not None and handlers.columnar
-        async for batch in self._array_batches(None) if columnar else self.batches():
-            if on_batch is not None:
-                result = on_batch(batch)
-                if result is not None and inspect.isawaitable(result):
-                    await result
-                continue
-            assert handlers is not None
+        batches = self._array_batches(max_rows) if handlers.columnar else self.batches()
+        async for batch in batches:
             pending = reader.dispatch(batch, handlers)
             for awaitable in pending:
                 try:
@@ -479,8 +552,8 @@ class PerfStream(Generic[T]):
     # --- columnar batches ----------------------------------------------------------------
 
     def arrays(self, max_rows: int | None = None) -> AsyncIterator[SampleArray | Lost | BadSample]:
-        """Yield samples as NumPy structured arrays, in stream order: a
-        [`SampleArray`][aperf.SampleArray] per run of one CPU's samples (at most ``max_rows``
+        """Yield samples as NumPy structured arrays, in stream order: an
+        ``aperf.SampleArray`` per run of one CPU's samples (at most ``max_rows``
         rows each; None: the whole run), with ``Lost`` and ``BadSample`` in place.
 
         Needs NumPy (``pip install 'aperf[numpy]'``: ImportError otherwise) and a
@@ -488,37 +561,15 @@ class PerfStream(Generic[T]):
         a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
         cancelled, as `batches()` is; see docs/columnar.md.
         """
-        if max_rows is not None and (
-            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
-        ):
-            raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+        max_rows = _check_max_rows(max_rows)
         reader = self._require_open()
         reader.columns()
-        if self._generators_warn():  # trio: see __aiter__
-            return _Items(self, reader.held_arrays, lambda: self._take_arrays(reader, max_rows))
-        return self._arrays(reader, max_rows)
-
-    async def _arrays(self, reader: Reader, max_rows: int | None) -> AsyncIterator[Any]:
-        # As _events: items wait in the reader's front queue, so a consumer that stops
-        # iterating (break, cancellation, an exception) loses none of them.
-        held = reader.held_arrays
-        popleft = held.popleft
-        while True:
-            if held:
-                yield popleft()
-                continue
-            batch = self._take_arrays(reader, max_rows)
-            if batch:
-                held.extend(batch)
-            elif self._closed:
-                return
-            else:
-                await self._wait()
+        return _Items(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()
         reader.columns()
-        return _Batches(self, lambda: self._take_arrays(reader, max_rows))
+        return self._batches(partial(self._take_arrays, reader, max_rows))
 
     def _take_arrays(self, reader: Reader, max_rows: int | None) -> list[Any]:
         batch = reader.take_arrays(max_rows)
@@ -535,7 +586,7 @@ class PerfStream(Generic[T]):
     @property
     def cpus(self) -> list[int]:
         """The ring keys (CPU ids) of the open stream."""
-        return sorted(self._require_open().counters)
+        return self._require_open().keys()
 
     @property
     def wakeup(self) -> Wakeup:
@@ -543,59 +594,38 @@ class PerfStream(Generic[T]):
         return self._options.wakeup
 
 
-class _Items(Generic[T]):
-    """``async for`` over a stream's events (or arrays) without an async generator (see
-    ``__aiter__``).
+class _Items(Generic[I]):
+    """What ``async for`` over a stream, ``batches()`` and ``arrays()`` iterate, on every loop.
 
-    Like the generators, it keeps nothing of its own: items built and not yet
-    handed out wait in the reader's front queue ``held``, so a consumer that stops
-    (break, cancellation) loses nothing.
+    It keeps nothing of its own across an await: items built and not yet handed
+    out wait in the reader's front queue, so a consumer that stops (break, an
+    exception, a cancelled ``anext()``: a timeout around it) loses nothing, and
+    the same iterator goes on where it stopped. (An async generator would be
+    finished by a cancellation: its next ``anext()`` would say the stream ended.)
+    ``next_item()`` hands out the front (IndexError: empty); ``fill()`` takes the
+    next batch into it and says whether there is anything.
     """
 
-    __slots__ = ("_held", "_stream", "_take")
+    __slots__ = ("_fill", "_next", "_stream")
 
-    def __init__(self, stream: PerfStream[T], held: Any, take: Callable[[], list[Any]]) -> None:
+    def __init__(
+        self, stream: PerfStream[Any], next_item: Callable[[], I], fill: Callable[[], bool]
+    ) -> None:
         self._stream = stream
-        self._held = held
-        self._take = take
+        self._next = next_item
+        self._fill = fill
 
-    def __aiter__(self) -> _Items[T]:
+    def __aiter__(self) -> _Items[I]:
         return self
 
-    async def __anext__(self) -> Any:
-        held = self._held
-        while not held:
+    async def __anext__(self) -> I:
+        try:
+            return self._next()
+        except IndexError:
+            pass
+        while not self._fill():
             stream = self._stream
-            batch = self._take()
-            if batch:
-                # In front: taking may have left items behind it (as in _events).
-                held.extendleft(reversed(batch))
-            elif stream.closed:
-                raise StopAsyncIteration
-            else:
-                await stream._wait()
-        return held.popleft()
-
-
-class _Batches(Generic[T]):
-    """What ``stream.batches()`` returns (and callback mode reads): what ``take`` gives,
-    a list at a time, until the stream is closed and nothing is left."""
-
-    __slots__ = ("_stream", "_take")
-
-    def __init__(self, stream: PerfStream[T], take: Callable[[], list[Any]]) -> None:
-        self._stream = stream
-        self._take = take
-
-    def __aiter__(self) -> _Batches[T]:
-        return self
-
-    async def __anext__(self) -> list[Any]:
-        stream = self._stream
-        while True:
-            batch = self._take()
-            if batch:
-                return batch
             if stream.closed:
                 raise StopAsyncIteration
             await stream._wait()
+        return self._next()

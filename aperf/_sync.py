@@ -7,138 +7,20 @@ reader; the policy is the reader's, as for the async driver.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
 import struct
 import threading
 import time
-import warnings
-import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, Protocol, overload
+from collections.abc import Callable
+from typing import Any, Generic, overload
 
+from ._callbacks import Handlers
 from ._errors import ClosedResourceError
 from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
-from ._lifetime import forked_error, track, untrack
-from ._log import log
-from ._options import Wakeup
-from ._reader import (
-    DEFAULT_BATCH,
-    DEFAULT_MAX_PENDING,
-    DecodeErrorPolicy,
-    Handlers,
-    Reader,
-    load_columns,
-)
+from ._lifetime import OpenReader
+from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
-from ._source import HandleKind
-
-
-class HandleWaiter(Protocol):
-    """What waits on a source's readiness handles without an event loop."""
-
-    def wait(self, timeout: float) -> list[int]:
-        """The handles ready within ``timeout`` seconds (negative: no limit); [] on
-        timeout or ``interrupt()``."""
-        ...
-
-    def interrupt(self) -> None:
-        """Wake a wait in another thread (close() does, before taking the lock)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class _EpollWaiter:
-    """Ring fds in an epoll set, with an eventfd in that set for ``interrupt()``."""
-
-    def __init__(self, fds: Iterable[int]) -> None:
-        self.wake_fd = -1
-        self.epoll = select.epoll()
-        try:
-            for fd in fds:
-                self.epoll.register(fd, select.EPOLLIN)
-            self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self.epoll.register(self.wake_fd, select.EPOLLIN)
-        except BaseException:
-            self.close()
-            raise
-
-    def wait(self, timeout: float) -> list[int]:
-        ready = []
-        for fd, _ in self.epoll.poll(timeout):  # retries EINTR itself (PEP 475)
-            if fd == self.wake_fd:
-                # close()'s, or not ours (e.g. a forked child's close)
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self.wake_fd)
-            else:
-                ready.append(fd)
-        return ready
-
-    def interrupt(self) -> None:
-        if self.wake_fd >= 0:
-            os.eventfd_write(self.wake_fd, 1)
-
-    def close(self) -> None:
-        self.epoll.close()
-        if self.wake_fd >= 0:
-            os.close(self.wake_fd)
-            self.wake_fd = -1
-
-
-def handle_waiter(kind: HandleKind, handles: Iterable[int]) -> HandleWaiter:
-    if kind == "win32":
-        from ._ebpfwin import Win32Waiter
-
-        return Win32Waiter(handles)
-    return _EpollWaiter(handles)
-
-
-class _Held:
-    """What an open buffer holds: the reader, and a waiter on its handles that
-    close() interrupts to wake a waiting poll()."""
-
-    __slots__ = ("__weakref__", "forked", "reader", "waiter")
-
-    def __init__(self, reader: Reader) -> None:
-        self.reader = reader
-        self.forked = False
-        try:
-            self.waiter = handle_waiter(
-                reader.source.handle_kind, reader.handles()
-            )
-        except BaseException:
-            reader.source.free()
-            raise
-
-    def interrupt(self) -> None:
-        """Wake a poll() waiting in another thread (never from a forked child: the
-        eventfd is shared with the parent)."""
-        if not self.forked:
-            self.waiter.interrupt()
-
-    def release(self) -> None:
-        """Close the waiter, then free the rings (only the child's fds after a fork:
-        the rings and map slots are the parent's)."""
-        try:
-            self.waiter.close()
-        finally:
-            if self.forked:
-                self.reader.source.after_fork()
-            else:
-                self.reader.source.free()
-
-
-def _release_dropped(held: _Held, name: str) -> None:
-    """The buffer was garbage-collected without being closed."""
-    warnings.warn(
-        f"unclosed PerfBuffer on {name}: use 'with' or close(); its rings were released "
-        "at garbage collection",
-        ResourceWarning,
-        stacklevel=2,
-    )
-    held.release()
+from ._waiting import handle_waiter
 
 
 class PerfBuffer(Generic[T]):
@@ -153,13 +35,53 @@ class PerfBuffer(Generic[T]):
     one CPU's ring (aperf keys rings by CPU id where libbpf takes an index:
     see ``cpus``).
 
-    Exceptions raised by callbacks propagate out of these calls; the events
-    after the failing one stay queued and are handed over by the next call.
-    ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
-    ([`SampleArray`][aperf.SampleArray], docs/columnar.md); the counts are still of samples.
-    ``take_over=True`` takes the map from an aperf reader in another process, as
-    for ``PerfStream``; this buffer, if taken over, learns it in ``poll()``, which
-    then raises [`aperf.TakenOverError`][aperf.TakenOverError] after the events it had.
+    The callbacks are given here, as to libbpf's ``perf_buffer__new``, and are plain
+    functions (coroutines need ``aperf.PerfStream``). Exceptions raised by callbacks
+    propagate out of these calls; the events after the failing one stay queued and
+    are handed over by the next call. Use it with ``with`` (or call ``close()``).
+
+    Args:
+        source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
+            else, or the path of a pinned map (the map's type picks how it is read: a
+            perf event array, or a BPF ring buffer); or a ring source
+            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``).
+        pages: pages per ring, a power of two (default ``aperf.DEFAULT_PAGES``, 128, per
+            CPU). Give ``pages`` or ``ring_bytes``, not both; neither for a BPF ring
+            buffer, whose size is the map's own.
+        ring_bytes: bytes per ring instead, rounded up to a power-of-two page count.
+        decoder: what ``Sample.value`` holds: None (only the raw ``Sample.data``), the
+            name of a struct or typedef in the BTF of the map's ``aperf.BPFObject``, a
+            ``ctypes.Structure`` subclass, a ``struct.Struct``, or any callable that
+            takes a sample's ``bytes`` and returns its value (docs/decoding.md).
+        wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
+            ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
+        max_pending: events the buffer queues before it stops draining its rings
+            (backpressure: the rings then fill, and the producer's drops are counted
+            as lost); an int of at least 1.
+        decode_errors: what becomes of a sample the decoder cannot decode: "item" (a
+            ``BadSample`` in the stream, in order), "raise" (a ``DecodeError`` raised out of
+            ``poll()``/``consume()`` where the sample was) or "skip"; each is counted in
+            ``statistics().decode_errors``.
+        on_sample: called as ``on_sample(sample)`` with each ``aperf.Sample``:
+            ``sample.cpu`` (the ring's CPU, -1 for a BPF ring buffer), ``sample.data``
+            (the raw bytes, the caller's own) and ``sample.value`` (what the decoder
+            made of them; None without one). Give it or ``on_array``.
+        on_lost: called as ``on_lost(lost)`` with each ``aperf.Lost`` notice, in order:
+            ``lost.cpu`` and ``lost.count`` (samples the producer dropped there).
+            None: losses are only counted (``statistics()``).
+        on_decode_error: called as ``on_decode_error(bad)`` with each
+            ``aperf.BadSample`` under ``decode_errors="item"``: ``bad.cpu``,
+            ``bad.data`` and ``bad.error`` (the ``DecodeError``). None: that
+            ``DecodeError`` is raised out of ``poll()``/``consume()``.
+        on_array: instead of ``on_sample``, called as ``on_array(array)`` with each
+            ``aperf.SampleArray``: the samples of one run of one CPU as a NumPy
+            structured array (``array.values``; docs/columnar.md). The counts
+            ``poll()`` returns are still of samples.
+        take_over: False (the default): opening a map that another aperf reader holds,
+            in any process, raises ``BusyResourceError`` naming its pid. True: ask that
+            reader to give the map up, as for ``PerfStream``. This buffer, if taken
+            over, learns it in ``poll()``, which then raises ``aperf.TakenOverError``
+            after the events it had.
     """
 
     @overload
@@ -169,12 +91,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
+        decoder: None = ...,
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callable[[Sample[None]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
-        decoder: None = ...,
-        decode_errors: DecodeErrorPolicy = ...,
-        wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
         take_over: bool = ...,
     ) -> None: ...
@@ -186,12 +109,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
+        decoder: str | type | struct.Struct,
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callable[[Sample[Any]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
-        decoder: str | type | struct.Struct,
-        decode_errors: DecodeErrorPolicy = ...,
-        wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
         take_over: bool = ...,
     ) -> None: ...
@@ -203,12 +127,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
+        decoder: Callable[[bytes], T],
+        wakeup: Wakeup | str | None = ...,
+        max_pending: int = ...,
+        decode_errors: DecodeErrorPolicy = ...,
         on_sample: Callable[[Sample[T]], Any] | None = ...,
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
-        decoder: Callable[[bytes], T],
-        decode_errors: DecodeErrorPolicy = ...,
-        wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
         take_over: bool = ...,
     ) -> None: ...
@@ -219,12 +144,13 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = None,
         ring_bytes: int | None = None,
+        decoder: Any = None,
+        wakeup: Wakeup | str | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        decode_errors: DecodeErrorPolicy = "item",
         on_sample: Callable[[Any], Any] | None = None,
         on_lost: Callable[[Lost], Any] | None = None,
         on_decode_error: Callable[[BadSample], Any] | None = None,
-        decoder: Any = None,
-        decode_errors: DecodeErrorPolicy = "item",
-        wakeup: Wakeup | str | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
         take_over: bool = False,
     ) -> None:
@@ -233,7 +159,7 @@ class PerfBuffer(Generic[T]):
         self._handlers = Handlers(on_sample, on_lost, on_decode_error, on_array)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors, take_over=take_over,
+            max_pending=max_pending, decode_errors=decode_errors, take_over=take_over,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now
@@ -243,34 +169,38 @@ class PerfBuffer(Generic[T]):
         # callback may close the buffer it is called from.
         self._lock = threading.RLock()
         self._closing = False
-        self._held: _Held | None = _Held(options.open(time.monotonic))
-        self._finalizer = weakref.finalize(self, _release_dropped, self._held, options.source.name)
-        track(self._held)
-        reader = self._held.reader
-        log.info("perf buffer opened", source=options.source.name,
-                 cpus=sorted(reader.rings), ring_bytes=reader.ring_bytes,
-                 wakeup=self._wakeup, lost_counter=reader.lost_counter)
+        self._closed = False
+        reader = options.open(time.monotonic)
+        try:
+            # close() interrupts it to wake a waiting poll().
+            self._waiter = handle_waiter(options.source.handle_kind, reader.handles())
+        except BaseException:
+            reader.source.free()
+            raise
+        self._held = OpenReader(reader, self._waiter.close, what="PerfBuffer", noun="perf buffer",
+                                stop_in_child=True)
+        self._held.opened(self, "'with' or close()")
 
     # --- libbpf's API -------------------------------------------------------------------
 
     @property
     def buffer_cnt(self) -> int:
         """Number of rings (one per online CPU that has a map slot)."""
-        return len(self._require_open().reader.counters)
+        return len(self._require_open().keys())
 
     @property
     def cpus(self) -> list[int]:
         """The CPU id of each ring, in order."""
-        return sorted(self._require_open().reader.counters)
+        return self._require_open().keys()
 
     def buffer_fd(self, cpu: int) -> int:
         """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
 
         On Windows: the perf buffer's wait handle, which every ring shares."""
-        ring = self._require_open().reader.rings.get(cpu)
-        if ring is None:
+        handle = self._require_open().handle_of(cpu)
+        if handle is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
-        return ring.handle
+        return handle
 
     def poll(self, timeout_ms: int = -1) -> int:
         """Wait up to ``timeout_ms`` (negative: for ever) and handle what is ready.
@@ -282,9 +212,8 @@ class PerfBuffer(Generic[T]):
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
-            held = self._require_open()
-            reader = held.reader
-            if reader.pending or reader.held or reader.held_arrays:
+            reader = self._require_open()
+            if reader.has_events():
                 return self._dispatch(reader)
             deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
             while True:
@@ -294,14 +223,14 @@ class PerfBuffer(Generic[T]):
                 ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
                 if tick_at is not None and ticking:
                     wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
-                ready = held.waiter.wait(wait)
+                ready = self._waiter.wait(wait)
                 if self._closing:
                     raise ClosedResourceError("this PerfBuffer was closed while polling")
                 for handle in ready:
                     reader.on_ready(handle)
                 if ticking and tick_at is not None and time.monotonic() >= tick_at:
                     reader.tick()
-                if reader.pending:
+                if reader.has_events():
                     return self._dispatch(reader)
                 if deadline is not None and time.monotonic() >= deadline:
                     return 0
@@ -309,16 +238,17 @@ class PerfBuffer(Generic[T]):
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""
         with self._lock:
-            reader = self._require_open().reader
+            reader = self._require_open()
             reader.flush()
             return self._dispatch(reader)
 
     def consume_buffer(self, cpu: int) -> int:
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
         with self._lock:
-            reader = self._require_open().reader
-            if cpu not in reader.counters:
-                raise ValueError(f"no ring for CPU {cpu!r}; rings: {sorted(reader.counters)}")
+            reader = self._require_open()
+            keys = reader.keys()
+            if cpu not in keys:
+                raise ValueError(f"no ring for CPU {cpu!r}; rings: {keys}")
             reader.drain(cpu, force=True)
             return self._dispatch(reader)
 
@@ -348,26 +278,22 @@ class PerfBuffer(Generic[T]):
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    def _require_open(self) -> _Held:
-        held = self._held
-        if held is None or self._closing:
+    def _require_open(self) -> Reader:
+        if self._closing:
             raise ClosedResourceError("this PerfBuffer is closed")
-        if held.forked:
-            raise ClosedResourceError(forked_error("PerfBuffer"))
-        return held
+        return self._held.usable()
 
     @property
     def closed(self) -> bool:
         """Whether the buffer was closed."""
-        return self._held is None
+        return self._closed
 
     def statistics(self) -> StreamStatistics:
-        """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force."""
+        """Per-CPU samples, lost, bytes and wakeups; memory; the drain period in force.
+
+        Readable after ``close()`` too: the final counts (``closed`` True)."""
         with self._lock:
-            held = self._held
-            if held is None:
-                raise ClosedResourceError("this PerfBuffer is closed")
-            return held.reader.statistics()
+            return self._held.reader.statistics()
 
     @property
     def wakeup(self) -> Wakeup:
@@ -380,25 +306,17 @@ class PerfBuffer(Generic[T]):
         From any thread: a poll() waiting in another thread is woken and raises
         ClosedResourceError; the rings are freed once no call is inside them.
         """
-        held = self._held
-        if held is None:
+        if self._closed:
             return
+        held = self._held
         self._closing = True
-        held.interrupt()
+        if not held.forked:  # a forked child's eventfd is the parent's too
+            self._waiter.interrupt()
         with self._lock:
-            if self._held is None:
+            if self._closed:
                 return
-            self._held = None
-            self._finalizer.detach()
-            untrack(held)
-            if held.forked:
-                held.release()
-                return
-            try:
-                held.reader.close()
-            finally:
-                held.release()
-                held.reader.log_summary("perf buffer closed")
+            self._closed = True
+            held.close()
 
     def __enter__(self) -> PerfBuffer[T]:
         return self

@@ -5,11 +5,11 @@ usage: python bench/worker.py SPEC_JSON
 SPEC_JSON fields:
   map        path of the pinned map to read (a perf event array or a BPF ring buffer:
              aperf tells them apart by the map's type)
-  mode       "aiter" (async for), "batches" (stream.batches()), "callback" (on_sample +
-             run()), "on_batch" (on_batch + run()), "sync" (PerfBuffer.poll), "slow"
-             (async for that sleeps 1 ms at every timed sample, for the memory scenario);
-             columnar (NumPy arrays): "arrays" (stream.arrays()), "on_array" (on_array +
-             run()), "sync_array" (PerfBuffer(on_array=...).poll)
+  mode       "aiter" (async for), "batches" (stream.batches()), "callback"
+             (run(on_sample)), "on_batch" (run_batches(on_batch)), "sync" (PerfBuffer.poll),
+             "slow" (async for that sleeps 1 ms at every timed sample, for the memory
+             scenario); columnar (NumPy arrays): "arrays" (stream.arrays()), "on_array"
+             (run_arrays(on_array)), "sync_array" (PerfBuffer(on_array=...).poll)
   loop       "asyncio", "uvloop" or "trio" (all three through anyio.run; the consumer
              code is the same, aperf picks its loop binding)
   decoder    null (raw bytes), "btf" (from_btf on bench_getpid.bpf.o), "struct",
@@ -211,15 +211,7 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
                     ) -> aperf.StreamStatistics:
     mode = spec["mode"]
     ts_of = timestamp_getter(spec)
-    callbacks: dict[str, Any] = {}
-    if mode == "callback":
-        callbacks = sample_callbacks(t, ts_of)
-    elif mode == "on_batch":
-        callbacks = {"on_batch": batch_counter(t, ts_of)}
-    elif mode == "on_array":
-        count_item = array_counter(t)
-        callbacks = {"on_array": count_item, "on_lost": count_item}
-    stream = aperf.PerfStream(spec["map"], **ring_options(spec), **callbacks)
+    stream = aperf.PerfStream(spec["map"], **ring_options(spec))
     stats: list[aperf.StreamStatistics] = []
 
     async def finish_on_signal(*, task_status: TaskStatus[None]) -> None:
@@ -234,9 +226,9 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         await tg.start(finish_on_signal)
         if mode == "slow":
             tg.start_soon(sample_rss, rss, time.monotonic())
-        # A columnar consumer sets up (and imports NumPy) before it says it is ready, as
-        # on_array= does in the constructor: a program imports its libraries at start.
-        arrays = stream.arrays() if mode == "arrays" else None
+        # A columnar consumer sets up (and imports NumPy) before it says it is ready: a
+        # program imports its libraries at start.
+        arrays = stream.arrays() if mode in ("arrays", "on_array") else None
         t.ready()
         if mode in ("aiter", "slow"):
             await consume_aiter(stream, t, ts_of, SLOW_PAUSE if mode == "slow" else 0.0)
@@ -245,12 +237,18 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
             sizing = {"max_items": spec["max_items"]} if spec.get("max_items") else {}
             async for batch in stream.batches(**sizing):
                 count(batch)
+        elif mode == "callback":
+            callbacks = sample_callbacks(t, ts_of)
+            await stream.run(callbacks["on_sample"], on_lost=callbacks["on_lost"])
+        elif mode == "on_batch":
+            await stream.run_batches(batch_counter(t, ts_of))
+        elif mode == "on_array":
+            count_item = array_counter(t)
+            await stream.run_arrays(count_item, on_lost=count_item)
         elif arrays is not None:
             count_item = array_counter(t)
             async for item in arrays:
                 count_item(item)
-        elif mode in ("callback", "on_batch", "on_array"):
-            await stream.run()
         else:
             raise ValueError(f"unknown mode {mode!r}")
         tg.cancel_scope.cancel()  # the RSS sampler; the signal task has returned

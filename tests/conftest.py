@@ -14,7 +14,7 @@ import asyncio
 import os
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +130,14 @@ async def take(stream: Any, count: int) -> AsyncIterator[Any]:
 
 
 async def run_until(
-    stream: Any, done: anyio.Event, start: Callable[[], threading.Thread], timeout: float = 20
+    stream: Any, run: Callable[[], Awaitable[None]], done: anyio.Event,
+    start: Callable[[], threading.Thread], timeout: float = 20,
 ) -> None:
-    """Callback mode: ``stream.run()`` until ``done`` is set, while the thread ``start()``
-    returns produces; then close the stream, which ends ``run()``."""
+    """Callback mode: ``run()`` (e.g. ``partial(stream.run, on_sample)``) until ``done`` is
+    set, while the thread ``start()`` returns produces; then close the stream, which ends
+    ``run()``."""
     async with anyio.create_task_group() as tg:
-        tg.start_soon(stream.run)
+        tg.start_soon(run)
         thread = start()
         with anyio.fail_after(timeout):
             await done.wait()

@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import struct
+from functools import partial
 from typing import Any
 
 import anyio
@@ -197,10 +198,7 @@ async def test_batches_match_per_item_iteration(producer: Producer) -> None:
             if len(seen) >= n:
                 done.set()
 
-        async with aperf.PerfStream(
-            producer.map, pages=1024, decoder=decoder,
-            on_batch=on_batch if mode == "on_batch" else None,
-        ) as stream:
+        async with aperf.PerfStream(producer.map, pages=1024, decoder=decoder) as stream:
             thread = producer.spawn(n, size=32, cpu=CPU)
             # first_seq restarts so all runs see the same sequence numbers
             if mode == "items":
@@ -217,7 +215,8 @@ async def test_batches_match_per_item_iteration(producer: Producer) -> None:
                         break
                 assert max(sizes) <= 1000
             else:
-                await run_until(stream, done, lambda thread=thread: thread)
+                await run_until(stream, partial(stream.run_batches, on_batch), done,
+                                lambda thread=thread: thread)
             await anyio.to_thread.run_sync(thread.join)
         runs[mode] = [(cpu, seq % n) for cpu, seq in seen]
     assert runs["items"] == [(CPU, i) for i in range(n)]

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -213,8 +214,9 @@ async def test_batches_callbacks_and_decoders(ringbuf: Producer) -> None:
             done.set()
 
     decoder_named = aperf.decoders.from_struct("<QQ", names="seq ts")
-    async with aperf.PerfStream(ringbuf.map, decoder=decoder_named, on_sample=on_sample) as stream:
-        await run_until(stream, done, lambda: ringbuf.spawn(n, size=32, cpu=CPU))
+    async with aperf.PerfStream(ringbuf.map, decoder=decoder_named) as stream:
+        await run_until(stream, partial(stream.run, on_sample), done,
+                        lambda: ringbuf.spawn(n, size=32, cpu=CPU))
     assert got == list(range(n, 2 * n))
 
 

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
+from functools import partial
 from typing import Any
 
 import anyio
@@ -230,10 +231,9 @@ async def test_callback_mode_with_sync_and_async_callbacks(producer: Producer) -
         if tally.total >= n:
             done.set()
 
-    async with aperf.PerfStream(
-        producer.map, pages=BIG, on_sample=on_sample, on_lost=on_lost
-    ) as stream:
-        await run_until(stream, done, lambda: producer.spawn(n, size=32, cpu=OTHER_CPU))
+    async with aperf.PerfStream(producer.map, pages=BIG) as stream:
+        await run_until(stream, partial(stream.run, on_sample, on_lost=on_lost), done,
+                        lambda: producer.spawn(n, size=32, cpu=OTHER_CPU))
     assert tally.seqs[OTHER_CPU] == list(range(n))
     assert_exact(producer, tally, n)
 
@@ -258,6 +258,24 @@ def test_sync_fallback_poll_consume_and_buffer(producer: Producer) -> None:
             pb.consume_buffer(4096)
     assert tally.seqs[OTHER_CPU] == list(range(n + 15))
     assert_exact(producer, tally, n + 15)
+
+
+def test_sync_statistics_after_close_are_the_final_counts(producer: Producer) -> None:
+    n = 3000
+    tally = Tally()
+    pb = aperf.PerfBuffer(producer.map, pages=1, on_sample=tally.add, on_lost=tally.add)
+    with pb:
+        producer.emit(n, cpu=OTHER_CPU)  # into one page: most are dropped, counted exactly
+        pb.consume()
+        open_stats = pb.statistics()
+    stats = pb.statistics()  # the closed buffer's: what a tool reports at exit
+    assert pb.closed and stats.closed and not open_stats.closed
+    assert_exact(producer, tally, n)
+    assert 0 < stats.samples == tally.samples < n
+    assert stats.lost == sum(tally.lost.values()) == n - stats.samples
+    assert stats.cpus == open_stats.cpus and stats.pending == 0
+    with pytest.raises(aperf.ClosedResourceError):
+        pb.consume()
 
 
 def test_sync_poll_relaxes_when_idle(producer: Producer) -> None:
@@ -300,13 +318,13 @@ async def test_async_callback_exception_propagates_out_of_run(producer: Producer
             raise KeyError("async boom")
         got.append(seq_of(event.data))
 
-    async with aperf.PerfStream(producer.map, pages=8, on_sample=on_sample) as stream:
+    async with aperf.PerfStream(producer.map, pages=8) as stream:
         producer.emit(10, cpu=OTHER_CPU)
         stream.flush()
         with pytest.raises(KeyError, match="async boom"), anyio.fail_after(10):
-            await stream.run()
+            await stream.run(on_sample)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stream.run)
+            tg.start_soon(stream.run, on_sample)
             with anyio.fail_after(10):
                 while len(got) < 10:
                     await anyio.sleep(0.01)

@@ -3,7 +3,7 @@ and in ``_libbpf/``), and the Windows wait handles they signal.
 
 Nothing here loads a library at import time; aperf imports this package only
 on Windows (``_setup.resolve_source``), for a "win32" handle kind
-(``_loops``, ``_sync``), or in tests. ``_trio`` (needs trio) is imported by
+(``_waiting``), or in tests. ``_trio`` (needs trio) is imported by
 its user only. See docs/windows.md.
 """
 

@@ -34,6 +34,25 @@ async def events() -> None:
     assert_type(bare.value, Any)
 
 
+async def callbacks() -> None:
+    src = FakeRingSource(cpus=[0])
+    typed = aperf.PerfStream(src, decoder=decode)
+
+    def on_sample(sample: aperf.Sample[int]) -> None: ...
+
+    async def on_lost(lost: aperf.Lost) -> None: ...
+
+    def on_bad(bad: aperf.BadSample) -> None: ...
+
+    def on_batch(batch: list[aperf.Event[int]]) -> None: ...
+
+    def on_array(array: aperf.SampleArray) -> None: ...
+
+    assert_type(await typed.run(on_sample, on_lost=on_lost, on_decode_error=on_bad), None)
+    assert_type(await typed.run_batches(on_batch), None)
+    assert_type(await typed.run_arrays(on_array, on_lost=on_lost, max_rows=64), None)
+
+
 def sync() -> None:
     def on_sample(sample: aperf.Sample[int]) -> None: ...
 

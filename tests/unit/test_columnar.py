@@ -199,15 +199,15 @@ async def test_callback_mode_puts_back_what_follows_a_failure() -> None:
             raise RuntimeError("consumer bug")
         seen.append(array)
 
-    async with aperf.PerfStream(src, decoder=DECODER, on_array=on_array) as stream:
+    async with aperf.PerfStream(src, decoder=DECODER) as stream:
         for first in (0, 10, 20):  # three drains: three arrays
             write(src, 0, first, 10)
             stream.flush()
         with pytest.raises(RuntimeError, match="consumer bug"), anyio.fail_after(5):
-            await stream.run()
+            await stream.run_arrays(on_array)
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(stream.run)  # returns once the stream is closed
+                tg.start_soon(stream.run_arrays, on_array)  # returns once the stream is closed
                 while len(flatten(seen)) < 20:
                     await anyio.sleep(0.01)
                 await stream.aclose()
@@ -224,9 +224,30 @@ async def test_coroutine_callbacks_are_awaited() -> None:
         await anyio.sleep(0)
         seen.extend(int(s) for s in array.values["seq"])
 
-    async with aperf.PerfStream(src, decoder=DECODER, on_array=on_array) as stream:
+    async with aperf.PerfStream(src, decoder=DECODER) as stream:
         write(src, 0, 0, 50)
         with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.run_arrays, on_array)
+                while len(seen) < 50:
+                    await anyio.sleep(0.01)
+                await stream.aclose()
+    assert seen == list(range(50))
+
+
+@pytest.mark.anyio
+async def test_the_deprecated_on_array_keyword_still_works_and_warns() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=4096)
+    seen: list[int] = []
+
+    def on_array(array: aperf.SampleArray) -> None:
+        seen.extend(int(s) for s in array.values["seq"])
+
+    with pytest.warns(DeprecationWarning, match=r"run_arrays\(on_array"):
+        stream = aperf.PerfStream(src, decoder=DECODER, on_array=on_array)
+    async with stream:
+        write(src, 0, 0, 50)
+        with anyio.fail_after(5), pytest.warns(DeprecationWarning, match="constructor's"):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stream.run)
                 while len(seen) < 50:
@@ -320,9 +341,13 @@ async def test_arrays_refuse_bad_arguments_at_the_call() -> None:
     async with aperf.PerfStream(FakeRingSource(cpus=[0]), decoder=None) as stream:
         with pytest.raises(TypeError, match="decoder with a layout"):
             stream.arrays()
+        with pytest.raises(TypeError, match="decoder with a layout"):
+            await stream.run_arrays(print)
     async with aperf.PerfStream(FakeRingSource(cpus=[0]), decoder=QQ) as stream:
         with pytest.raises(ValueError, match="max_rows"):
             stream.arrays(max_rows=0)
+        with pytest.raises(ValueError, match="max_rows"):
+            await stream.run_arrays(print, max_rows=0)
 
 
 def test_without_numpy_the_error_says_what_to_install() -> None:
@@ -340,12 +365,16 @@ def test_without_numpy_the_error_says_what_to_install() -> None:
         "            s.arrays()\n"
         "        except ImportError as exc:\n"
         "            print(exc)\n"
+        "        try:\n"
+        "            await s.run_arrays(print)\n"
+        "        except ImportError as exc:\n"
+        "            print(exc)\n"
         "        s.flush()\n"  # the stream still works per item
         "asyncio.run(main())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     lines = out.stdout.splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert all("pip install 'aperf[numpy]'" in line for line in lines)
 
 

@@ -141,3 +141,31 @@ def test_the_checks_see_the_api() -> None:
         "aperf.PerfStream", "aperf.testing.Producer", "aperf.decoders.from_btf",
         "aperf.abc.RingSource",
     } <= set(reference_targets())
+
+
+def described_parameters(doc: str | None) -> list[str]:
+    """The names in a Google-style docstring's Args section, as mkdocstrings reads them."""
+    sections = griffe.Docstring(inspect.cleandoc(doc or ""), parser="google").parse()
+    return [p.name for s in sections if s.kind is griffe.DocstringSectionKind.parameters
+            for p in s.value]
+
+
+@pytest.mark.parametrize(
+    "documented",
+    [aperf.PerfStream, aperf.PerfBuffer, aperf.PerfStream.run, aperf.PerfStream.run_batches,
+     aperf.PerfStream.run_arrays],
+    ids=lambda d: d.__qualname__,
+)
+def test_every_parameter_of_the_drivers_is_described(documented: Any) -> None:
+    call = documented.__init__ if isinstance(documented, type) else documented
+    parameters = [name for name in inspect.signature(call).parameters if name != "self"]
+    assert described_parameters(documented.__doc__) == parameters
+
+
+@pytest.mark.parametrize("driver", [aperf.PerfStream, aperf.PerfBuffer])
+def test_help_shows_no_link_markup(driver: type) -> None:
+    import pydoc
+
+    text = pydoc.render_doc(driver, renderer=pydoc.plaintext)
+    assert "called as on_sample(sample)" in text.replace("``", "")
+    assert not re.search(r"\]\[[\w.]*\]", text), "raw mkdocs cross-reference in help()"

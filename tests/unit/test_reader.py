@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import aperf
-from aperf._reader import Handlers, Reader
+from aperf._callbacks import Handlers
+from aperf._reader import Reader
 from aperf._source import RingConfig
 from aperf.testing import FakeRingSource
 

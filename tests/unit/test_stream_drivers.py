@@ -8,9 +8,11 @@ test_reader.py; here the drivers must only follow it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import struct
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import anyio
@@ -319,6 +321,43 @@ async def test_cancelling_the_consumer_loses_nothing() -> None:
     assert seen + [seq(e) for e in rest] == list(range(1500))
 
 
+def seqs_of(item: Any) -> list[int]:
+    """Sequence numbers in what an iterator handed out: an event, a batch, an array."""
+    if isinstance(item, list):
+        return [seq(e) for e in item]
+    if isinstance(item, aperf.SampleArray):
+        return [int(s) for s in item.values["seq"]]
+    return [seq(item)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["async for", "batches", "arrays"])
+async def test_a_timed_out_anext_leaves_the_iterator_going(
+    anyio_backend: tuple[str, Any], kind: str
+) -> None:
+    src = FakeRingSource(cpus=[0])
+    decoder = aperf.decoders.from_struct("<QQ", names="seq cpu")
+    async with aperf.PerfStream(src, decoder=decoder) as stream:
+        it = {"async for": aiter(stream), "batches": stream.batches(),
+              "arrays": stream.arrays()}[kind]
+        for _ in range(2):  # each loop's own timeout around anext(), twice
+            if anyio_backend[0] == "trio":
+                import trio
+
+                with trio.move_on_after(0.02) as scope:
+                    await anext(it)
+                assert scope.cancelled_caught
+            else:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(anext(it), 0.02)
+        write(src, 0, 0, 3)
+        got: list[int] = []
+        with anyio.fail_after(5):
+            while len(got) < 3:  # the same iterator: the samples, not "the stream ended"
+                got.extend(seqs_of(await anext(it)))
+        assert got == [0, 1, 2]
+
+
 @pytest.mark.anyio
 async def test_a_second_reader_is_refused() -> None:
     src = FakeRingSource(cpus=[0])
@@ -361,13 +400,13 @@ async def test_callback_exceptions_propagate_and_the_rest_stays_queued() -> None
             raise KeyError("async boom")
         got.append(seq(event))
 
-    async with aperf.PerfStream(src, on_sample=on_sample) as stream:
+    async with aperf.PerfStream(src) as stream:
         write(src, 0, 0, 10)
         with pytest.raises(KeyError, match="async boom"), anyio.fail_after(2):
-            await stream.run()
+            await stream.run(on_sample)
         with anyio.fail_after(1):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(stream.run)
+                tg.start_soon(stream.run, on_sample)
                 while len(got) < 10:
                     await anyio.sleep(0.001)
                 await stream.aclose()  # run() returns once the stream is closed
@@ -383,23 +422,74 @@ async def test_sync_and_async_callbacks_and_on_batch() -> None:
     async def on_lost(event: aperf.Lost) -> None:
         lost.append(event.count)
 
-    async with aperf.PerfStream(src, on_sample=lambda e: samples.append(seq(e)),
-                                on_lost=on_lost) as stream:
+    async with aperf.PerfStream(src) as stream:
         write(src, 0, 0, 20)  # 8 fit in 256 bytes
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stream.run)
+            tg.start_soon(partial(stream.run, lambda e: samples.append(seq(e)), on_lost=on_lost))
             while len(samples) < 8 or not lost:
                 await anyio.sleep(0.001)
             await stream.aclose()
     assert samples == list(range(8)) and lost == [12]
     batches: list[int] = []
-    async with aperf.PerfStream(src, on_batch=lambda b: batches.append(len(b))) as stream:
+
+    async def on_batch(batch: list[Any]) -> None:
+        batches.append(len(batch))
+
+    async with aperf.PerfStream(src) as stream:
         write(src, 0, 0, 5)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stream.run)
+            tg.start_soon(stream.run_batches, on_batch)
             while sum(batches) < 5:
                 await anyio.sleep(0.001)
             await stream.aclose()
+    assert batches == [5]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("old", ["on_sample", "on_batch"])
+async def test_constructor_callbacks_still_work_and_warn(old: str) -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=256)
+    got: list[Any] = []
+    callbacks = ({"on_sample": got.append, "on_lost": got.append} if old == "on_sample"
+                 else {"on_batch": got.extend})
+    with pytest.warns(DeprecationWarning, match=r"run\(on_sample") as record:
+        stream = aperf.PerfStream(src, **callbacks)
+    assert record[0].filename == __file__  # the warning points at the caller
+    async with stream:
+        write(src, 0, 0, 20)  # 8 fit
+        with pytest.warns(DeprecationWarning, match="constructor's callbacks"):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.run)  # a bare run(): the constructor's callbacks
+                while len(got) < 9:
+                    await anyio.sleep(0.001)
+                await stream.aclose()
+    assert [seq(e) for e in got[:8]] == list(range(8)) and got[8] == aperf.Lost(0, 12)
+
+
+def bcc_style(cpu: int, data: bytes, size: int) -> None:
+    pass
+
+
+@pytest.mark.anyio
+async def test_run_methods_check_their_callbacks_at_the_call() -> None:
+    src = FakeRingSource(cpus=[0])
+    async with aperf.PerfStream(src, decoder=QQ) as stream:
+        with pytest.raises(TypeError, match=r"on_sample is called with one argument, the "
+                           r"aperf\.Sample .*def on_sample\(event\).*bcc_style\(cpu, data, "
+                           r"size\) cannot"):
+            await stream.run(bcc_style)
+        with pytest.raises(TypeError, match=r"on_lost is called with one argument"):
+            await stream.run(print, on_lost=lambda cpu, count: None)
+        with pytest.raises(TypeError, match="on_batch must be callable"):
+            await stream.run_batches(3)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"on_array is called with one argument"):
+            await stream.run_arrays(bcc_style)
+        with pytest.raises(ValueError, match="max_rows"):
+            await stream.run_arrays(print, max_rows=0)
+        with pytest.raises(TypeError, match="run\\(\\) needs on_sample"):
+            await stream.run()
+    with pytest.raises(TypeError, match="on_sample is called with one argument"):
+        aperf.PerfBuffer(src, on_sample=bcc_style)
 
 
 def test_sync_callback_exception_propagates_and_nothing_is_lost() -> None:
@@ -548,3 +638,26 @@ def test_deprecated_format_strings_still_decode() -> None:
         src.write(0, QQ.pack(4, 5))
         pb.consume()
     assert got[0].value == (4, 5)
+
+
+def test_both_drivers_take_the_same_keywords_in_the_same_order() -> None:
+    def names(cls: type) -> list[str]:
+        return list(inspect.signature(cls.__init__).parameters)[1:]  # type: ignore[misc]
+
+    shared = ["source", "pages", "ring_bytes", "decoder", "wakeup", "max_pending", "decode_errors"]
+    callbacks = ["on_sample", "on_lost", "on_decode_error", "on_array"]
+    assert names(aperf.PerfBuffer) == shared + callbacks + ["take_over"]
+    assert names(aperf.PerfStream)[: len(shared)] == shared
+    assert names(aperf.PerfStream)[-1] == "take_over"  # the map lock's, last in both
+
+
+def test_the_sync_buffer_bounds_its_queue_with_max_pending() -> None:
+    src = FakeRingSource(cpus=[0], ring_bytes=1 << 16)
+    got: list[Any] = []
+    with aperf.PerfBuffer(src, max_pending=10, on_sample=got.append) as pb:
+        assert pb.statistics().max_pending == 10
+        write(src, 0, 0, 30)
+        assert pb.consume() == 30  # a consume takes everything, past the bound
+    assert [seq(e) for e in got] == list(range(30))
+    with pytest.raises(ValueError, match="max_pending"):
+        aperf.PerfBuffer(src, max_pending=0, on_sample=got.append)

@@ -24,7 +24,7 @@ import pytest
 
 import aperf
 from aperf._ebpfwin import WindowsPerfSource
-from aperf._loops import ProactorHandleBinding, ThreadedHandleBinding
+from aperf._waiting.asyncio import ProactorHandleBinding, ThreadedHandleBinding
 
 from .conftest import BPF_MAP_TYPE_PERF_EVENT_ARRAY, REAL_WINDOWS
 

@@ -24,7 +24,8 @@ import aperf
 from aperf._ebpfwin import HandleWaiterThread, Win32Waiter
 from aperf._ebpfwin import _api as win
 from aperf._ebpfwin import _binding as c
-from aperf._loops import ProactorHandleBinding, current_binding
+from aperf._waiting import current_binding
+from aperf._waiting.asyncio import ProactorHandleBinding
 
 from .conftest import FakeEbpf
 

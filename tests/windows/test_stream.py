@@ -16,6 +16,7 @@ import threading
 import types
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -25,8 +26,8 @@ import trio
 
 import aperf
 from aperf._ebpfwin import WindowsPerfSource
-from aperf._loops import ThreadedHandleBinding
-from aperf._trio import TrioBinding
+from aperf._waiting.asyncio import ThreadedHandleBinding
+from aperf._waiting.trio import TrioBinding
 
 from .conftest import FakeEbpf
 
@@ -136,10 +137,11 @@ async def test_callback_mode_and_batches(fake: FakeEbpf, perf_map: int, on_windo
     lost: list[aperf.Lost] = []
     stream = aperf.PerfStream(
         perf_map, decoder=SEQ, wakeup="throughput",  # a threshold: ignored, every record wakes
-        on_sample=lambda s: got.append((s.cpu, s.value[0])), on_lost=lost.append,
     )
     async with stream, anyio.create_task_group() as tg:
-        tg.start_soon(stream.run)  # returns once the stream is closed
+        # returns once the stream is closed
+        tg.start_soon(partial(stream.run, lambda s: got.append((s.cpu, s.value[0])),
+                              on_lost=lost.append))
         for seq in range(100):
             assert fake.output(perf_map, seq % 2, SEQ.pack(seq))
         with anyio.fail_after(5):

@@ -1,4 +1,4 @@
-"""trio's binding of the async driver (``trio.run``, ``anyio.run(..., backend="trio")``).
+"""trio's ``LoopBinding`` for the async driver (``trio.run``, ``anyio.run(..., backend="trio")``).
 
 Each stream gets one system task (``trio.lowlevel.spawn_system_task``), so
 that rings are drained while the consumer is busy, as on asyncio, without the
@@ -36,8 +36,8 @@ from typing import Any
 
 import trio
 
-from ._errors import AperfError, BusyResourceError
-from ._source import HandleKind, OnHandle
+from .._errors import AperfError, BusyResourceError
+from .base import HandleKind, OnHandle
 
 _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 
@@ -48,8 +48,6 @@ def _nothing() -> None:
 
 class TrioBinding:
     """trio: a watcher task per handle, one pump task for drains and the timer."""
-
-    warns_on_unfinished_generators = True
 
     def __init__(self, kind: HandleKind) -> None:
         if kind not in ("fd", "win32"):
@@ -89,7 +87,7 @@ class TrioBinding:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._kind == "win32":
-                    from ._ebpfwin._trio import TrioHandleWatcher
+                    from .._ebpfwin._trio import TrioHandleWatcher
 
                     self._handles = TrioHandleWatcher(nursery, self._failed)
                     self._handles.watch(list(self._fds), self._handle_fired)

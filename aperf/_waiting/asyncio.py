@@ -1,13 +1,7 @@
-"""What the async driver needs from an event loop, one class per loop.
+"""The async driver's ``LoopBinding`` on asyncio and uvloop.
 
-``PerfStream`` is written once against ``LoopBinding``: watch
-readiness handles, keep one timer, park one consumer until woken, and run a
-function on the loop from another thread. ``AsyncioBinding`` serves
-asyncio and uvloop (``loop.add_reader`` on each ring fd, ``loop.call_at``);
-``TrioBinding`` (``aperf._trio``) serves trio (and anyio on trio). The running
-library is told by ``sniffio``.
-
-another loop or another kind of handle plugs in here.
+``AsyncioBinding`` watches each ring fd with ``loop.add_reader`` and keeps
+the drain timer with ``loop.call_at``.
 
 Windows wait handles ("win32", eBPF for Windows): on the Proactor loop (the
 default on Windows) ``ProactorHandleBinding`` registers each handle with
@@ -24,73 +18,18 @@ import asyncio
 import functools
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import sniffio
-
-from ._errors import AperfError, BusyResourceError
-from ._source import HandleKind, OnHandle
+from .._errors import AperfError, BusyResourceError
+from .base import HandleKind, OnHandle
 
 if TYPE_CHECKING:
-    from ._ebpfwin import HandleWaiterThread
-
-
-class LoopBinding(Protocol):
-    warns_on_unfinished_generators: bool
-    """Whether the loop warns when an async generator is collected unfinished (trio)."""
-
-    def time(self) -> float:
-        """The loop's clock (the reader's deadlines are on it)."""
-        ...
-
-    def watch(
-        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
-    ) -> None:
-        """Call ``on_ready(handle)`` on the loop each time a handle fires.
-
-        ``acknowledge`` is the source's: a binding that must re-arm a handle
-        before ``on_ready`` runs clears its readiness with it first (trio).
-        """
-        ...
-
-    def forget(self, handle: int) -> None:
-        """Stop watching one handle (its rings broke)."""
-        ...
-
-    def schedule(self, at: float | None, callback: Callable[[], None]) -> None:
-        """Run ``callback`` at loop time ``at`` (None: no timer); replaces the last one."""
-        ...
-
-    async def wait(self) -> None:
-        """Park the consumer until ``wake()``; BusyResourceError if one is parked already."""
-        ...
-
-    def wake(self) -> None:
-        """Wake the parked consumer, if any (from the loop's thread)."""
-        ...
-
-    def in_loop_thread(self) -> bool:
-        """Whether the caller runs on the loop's thread (and the loop runs)."""
-        ...
-
-    def call_soon_threadsafe(self, fn: Callable[[], None]) -> bool:
-        """Run ``fn`` on the loop from another thread; False if the loop no longer runs."""
-        ...
-
-    def running(self) -> bool:
-        """Whether the loop still runs (a callback handed over would be called)."""
-        ...
-
-    def stop(self) -> None:
-        """Unwatch every handle and cancel the timer (before the handles are closed:
-        fd numbers are reused at once)."""
-        ...
+    from .._ebpfwin import HandleWaiterThread
 
 
 class AsyncioBinding:
     """asyncio and uvloop: ``add_reader`` per fd, ``call_at`` for the drain timer."""
 
-    warns_on_unfinished_generators = False
     kind: HandleKind = "fd"
 
     def __init__(self, loop: asyncio.AbstractEventLoop, kind: HandleKind) -> None:
@@ -121,9 +60,14 @@ class AsyncioBinding:
                 self._loop.remove_reader(handle)
 
     def schedule(self, at: float | None, callback: Callable[[], None]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = None if at is None else self._loop.call_at(at, callback)
+        self._cancel_timer()
+        if at is not None:
+            self._timer = self._loop.call_at(at, callback)
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
     async def wait(self) -> None:
         if self._waiter is not None:
@@ -154,9 +98,7 @@ class AsyncioBinding:
         return True
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         fds, self._fds = self._fds, set()
         if self._loop.is_closed():
             return
@@ -207,7 +149,7 @@ class ThreadedHandleBinding(_HandleBinding):
         self._restart(watched)
 
     def _restart(self, handles: list[int]) -> None:
-        from ._ebpfwin import HandleWaiterThread
+        from .._ebpfwin import HandleWaiterThread
 
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
@@ -223,9 +165,7 @@ class ThreadedHandleBinding(_HandleBinding):
             self._restart([h for h in watcher.handles if h != handle])
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.stop()
@@ -291,35 +231,9 @@ class ProactorHandleBinding(_HandleBinding):
             fut.cancel()
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         self._on_ready = None
         self._watched.clear()
         waits, self._waits = self._waits, {}
         for fut in waits.values():
             fut.cancel()
-
-
-def current_binding(kind: HandleKind) -> LoopBinding:
-    """The binding for the running event loop (called inside the loop)."""
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        raise AperfError(
-            "PerfStream needs a running event loop (asyncio, uvloop or trio, directly or "
-            "through anyio); for no event loop use aperf.PerfBuffer"
-        ) from None
-    if library == "trio":
-        from ._trio import TrioBinding  # trio is an optional dependency
-
-        return TrioBinding(kind)
-    if library != "asyncio":
-        raise AperfError(f"PerfStream runs on asyncio, uvloop or trio, not on {library}")
-    loop = asyncio.get_running_loop()
-    if kind == "win32":
-        proactor = getattr(loop, "_proactor", None)
-        if proactor is not None and hasattr(proactor, "wait_for_handle"):
-            return ProactorHandleBinding(loop, kind, proactor)
-        return ThreadedHandleBinding(loop, kind)
-    return AsyncioBinding(loop, kind)

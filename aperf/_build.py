@@ -1,0 +1,129 @@
+"""Events built from the raw pieces a reader's queue hands out.
+
+A piece is part of one drained span of one ring: a ``RunPiece`` (records
+``start`` to ``stop`` of a run of identical records, still in the span they
+were copied in) or ``Payloads`` (samples parsed one by one). ``EventBuilder``
+turns pieces into ``Sample`` events (decoded at C speed where the records
+allow) and ``BadSample`` items under the ``decode_errors`` policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ._decode import SizedDecoder
+from ._errors import DecodeError
+from ._events import BadSample, Event, Sample
+from ._options import DecodeErrorPolicy
+from ._source import Run
+
+Decoder = Callable[[bytes], Any]
+
+_tuple_new = tuple.__new__
+_repeat = itertools.repeat
+_starmap = itertools.starmap
+_NONES = itertools.repeat(None)
+
+
+class RunPiece(NamedTuple):
+    """Records ``start`` to ``stop`` of ``run``, read on ring ``key``."""
+
+    key: int
+    run: Run
+    start: int
+    stop: int
+
+
+class Payloads(NamedTuple):
+    """Samples of ring ``key`` parsed one by one (``uniform``: all of one length)."""
+
+    key: int
+    payloads: list[bytes]
+    uniform: bool
+
+
+Requeue = Callable[[DecodeError, Payloads], None]
+"""What a reader does under ``decode_errors="raise"``: put the error, then the samples
+after the bad one, back at the front of its queue."""
+
+
+class EventBuilder:
+    """Turns pieces into events for one decoder and policy; counts decode errors per ring."""
+
+    __slots__ = ("decode_errors", "decoder", "errors", "requeue")
+
+    def __init__(
+        self, decoder: Decoder | None, decode_errors: DecodeErrorPolicy, requeue: Requeue
+    ) -> None:
+        self.decoder = decoder
+        self.decode_errors = decode_errors
+        self.requeue = requeue
+        self.errors: dict[int, int] = {}  # ring key -> decode errors
+
+    def run(self, key: int, run: Run, start: int, stop: int, out: list[Any]) -> None:
+        """Sample events of records ``start`` to ``stop`` of a run, straight out of its span."""
+        payloads = run.payloads(start, stop)
+        decoder = self.decoder
+        if decoder is None:
+            rows = zip(_repeat(key), payloads, _NONES, strict=False)
+            out.extend(map(_tuple_new, _repeat(Sample), rows))
+            return
+        if isinstance(decoder, SizedDecoder) and run.size >= decoder.size:
+            # Fixed-size records, all long enough: decode the whole run at C speed, the
+            # fields unpacked from the span itself where the format allows.
+            fields = decoder.strided(run.skip, run.stride)
+            if fields is None:
+                values = decoder.decode_many(payloads)
+            else:
+                at = run.start + start * run.stride
+                view = memoryview(run.span)[at : at + (stop - start) * run.stride]
+                values = decoder.decode_rows(fields.iter_unpack(view))
+            # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
+            # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
+            rows = zip(_repeat(key), payloads, values, strict=False)
+            out.extend(_starmap(_tuple_new, zip(_repeat(Sample), rows, strict=False)))
+            return
+        self.payloads(key, payloads, True, out)
+
+    def payloads(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
+        """Sample events of samples parsed one by one (``BadSample`` where decoding failed)."""
+        decoder = self.decoder
+        if decoder is None:
+            rows = zip(_repeat(key), payloads, _NONES, strict=False)
+            out.extend(map(_tuple_new, _repeat(Sample), rows))
+            return
+        if uniform and isinstance(decoder, SizedDecoder) and len(payloads[0]) >= decoder.size:
+            # Fixed-size records, all long enough: decode the whole run at C speed.
+            values = decoder.decode_many(payloads)
+            rows = zip(_repeat(key), payloads, values, strict=False)
+            out.extend(map(_tuple_new, _repeat(Sample), rows))
+            return
+        for index, data in enumerate(payloads):
+            try:
+                value = decoder(data)
+            except Exception as exc:
+                if not self.failed(key, payloads, uniform, index, exc, out):
+                    return  # "raise": the rest went back to the queue behind the error
+                continue
+            out.append(_tuple_new(Sample, (key, data, value)))
+
+    def failed(
+        self, key: int, payloads: list[bytes], uniform: bool, index: int, exc: Exception,
+        out: list[Event[Any]],
+    ) -> bool:
+        """``payloads[index]`` did not decode: a ``BadSample``, nothing, or (False) under
+        "raise" the error and the samples after it requeued."""
+        data = payloads[index]
+        self.errors[key] = self.errors.get(key, 0) + 1
+        error = exc if isinstance(exc, DecodeError) else DecodeError(key, data, str(exc))
+        if error is not exc:
+            error.__cause__ = exc
+        if self.decode_errors == "skip":
+            return True
+        if self.decode_errors == "item":
+            out.append(BadSample(key, data, error))
+            return True
+        self.requeue(error, Payloads(key, payloads[index + 1 :], uniform))
+        return False

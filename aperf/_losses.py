@@ -1,0 +1,82 @@
+"""The loss ledger: what a reader reported lost per ring, and from which count.
+
+Losses reach the consumer in the stream, in order: a ``Lost`` for each lost
+record the producer wrote and, where the producer counts its drops itself
+(``Ring.lost_total()``: perf events on Linux 6.0+ opened with
+``PERF_FORMAT_LOST``), a ``Lost`` for drops no record has announced yet. A
+lost record that later announces drops reported that way is absorbed, so no
+drop is counted twice and none is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from ._source import RecordFormat, Ring
+
+LostCounter = Literal["exact", "records", "none"]
+
+
+class LossLedger:
+    """Per ring: the producer's count at open, what was reported, and what was reported
+    ahead of the lost records that will announce it."""
+
+    __slots__ = ("_ahead", "_base", "reported")
+
+    def __init__(self, rings: Sequence[Ring]) -> None:
+        self.reported = {ring.key: 0 for ring in rings}
+        self._base: dict[int, int] = {}
+        for ring in rings:
+            total = ring.lost_total()
+            if total is not None:
+                self._base[ring.key] = total
+        self._ahead = dict.fromkeys(self._base, 0)
+
+    def exact(self, key: int) -> bool:
+        """Whether the producer counts this ring's drops itself."""
+        return key in self._base
+
+    def announced(self, key: int, count: int) -> int:
+        """A lost record of ``count``: what of it to report (an earlier exact count may
+        have reported some or all of it already)."""
+        ahead = self._ahead.get(key, 0)
+        if ahead:
+            absorbed = min(ahead, count)
+            self._ahead[key] = ahead - absorbed
+            count -= absorbed
+        if count:
+            self.reported[key] += count
+        return count
+
+    def unannounced(self, ring: Ring) -> int:
+        """Drops the producer counted on ``ring`` that nothing reported yet (0 if none, or
+        if it keeps no count); reported now, ahead of the lost records to come.
+
+        Such drops come after every record taken so far: a sample written after a
+        drop is preceded by its lost record.
+        """
+        key = ring.key
+        total = ring.lost_total() if key in self._base else None
+        if total is None:
+            return 0
+        missing = total - self._base[key] - self.reported[key]
+        if missing <= 0:
+            return 0
+        self.reported[key] += missing
+        self._ahead[key] += missing
+        return missing
+
+    def lost(self, key: int, ring: Ring | None) -> int:
+        """What the producer counts as lost on this ring (``ring``: None once it is
+        gone), if more than the reader reported yet."""
+        reported = self.reported[key]
+        total = ring.lost_total() if ring is not None and key in self._base else None
+        return reported if total is None else max(reported, total - self._base[key])
+
+    def counter(self, records: RecordFormat) -> LostCounter:
+        """Where loss counts come from: the producer's exact count, lost records, or nowhere
+        (a BPF ring buffer without the BPF side's count: the kernel keeps none)."""
+        if self._base:
+            return "exact"
+        return "records" if getattr(records, "lost_records", True) else "none"
