@@ -204,7 +204,7 @@ def test_without_nats_py_the_import_error_names_the_extra() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 1
     assert "ImportError: aperf.fleet needs nats-py" in result.stderr
-    assert "pip install 'aperf[nats]'" in result.stderr
+    assert "pip install 'aperf-bpf[nats]'" in result.stderr
 
 
 def test_sequence_tracking_reports_each_hole_once_and_exactly() -> None:

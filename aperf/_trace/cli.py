@@ -297,7 +297,7 @@ def parse_args(
     parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
     parser.add_argument(
         "--loop", choices=("asyncio", "uvloop"), default="asyncio",
-        help="event loop to run on (uvloop: pip install 'aperf[uvloop]')",
+        help="event loop to run on (uvloop: pip install 'aperf-bpf[uvloop]')",
     )
     parser.add_argument(
         "--pages", type=positive_power_of_two, default=None, metavar="N",
@@ -322,7 +322,7 @@ def parse_args(
     if fleet:
         parser.add_argument(
             "--nats", metavar="URL",
-            help="also publish every event to NATS JetStream at URL (needs aperf[nats]; the "
+            help="also publish every event to NATS JetStream at URL (needs aperf-bpf[nats]; the "
             "stream must exist: python -m aperf.fleet create-stream --nats URL); "
             "python -m examples.fleet_view shows a fleet",
         )
@@ -360,7 +360,8 @@ def run(args: argparse.Namespace, trace: Trace = trace) -> int:
             import uvloop
         except ImportError:
             raise SetupError(
-                "--loop uvloop needs uvloop, which is not installed: pip install 'aperf[uvloop]'"
+                "--loop uvloop needs uvloop, which is not installed: "
+                "pip install 'aperf-bpf[uvloop]'"
             ) from None
         return uvloop.run(trace(args))
     return asyncio.run(trace(args))
