@@ -13,7 +13,7 @@ layout, bottom up (nothing imports upward):
   (``aperf.testing.FakeRingSource``) implement it
 - ``_reader``: the one reading policy (queue, drain clock, dispatch, backpressure)
 - ``_setup``, ``_loops`` (asyncio, uvloop), ``_trio``, ``_stream``, ``_sync``: the drivers
-  (async, sync) that only wait
+  (async, sync) that only wait; ``_signals``: closing them on SIGINT/SIGTERM on any loop
 """
 
 from . import decoders as decoders
@@ -53,6 +53,8 @@ from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
 from ._ringbuf_format import NO_CPU as NO_CPU
 from ._ringbuf_source import RingBufferSource as RingBufferSource
+from ._signals import SignalCloser as SignalCloser
+from ._signals import closing_on_signals as closing_on_signals
 from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
 
@@ -90,11 +92,13 @@ __all__ = [
     "RingSizeError",
     "Sample",
     "SampleArray",
+    "SignalCloser",
     "StreamStatistics",
     "Tails",
     "UnknownNameError",
     "VerifierError",
     "Wakeup",
+    "closing_on_signals",
     "decoders",
     "libbpf_version",
     "set_libbpf_verbose",

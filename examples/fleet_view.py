@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,14 +45,11 @@ async def view(args: argparse.Namespace) -> int:
         subject=f"aperf.*.{TRACER}",
     )
     out = await LineOutput.open()
-    async with reader:
-        # Ctrl-C and SIGTERM cancel the loop below; leaving the ``async with`` then
-        # acknowledges what was shown and disconnects.
-        this = asyncio.current_task()
-        assert this is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, this.cancel)
+    this = asyncio.current_task()
+    assert this is not None
+    # Ctrl-C and SIGTERM cancel the loop below; leaving the ``async with`` then
+    # acknowledges what was shown and disconnects.
+    async with reader, aperf.closing_on_signals(this.cancel):
         await out.write(HOST % "HOST" + HEADER)
         try:
             async for host, _stream, event in reader:

@@ -36,7 +36,6 @@ import asyncio
 import collections
 import contextlib
 import re
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -217,18 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        watching = loop.create_task(watch(stats, pid=args.pid, stop=stop, obj_path=args.object,
-                                          every=args.interval, on_interval=show, ready=ready))
-        await asyncio.wait([watching, loop.create_task(ready.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
-        if ready.is_set():  # diagnostics on stderr: stdout holds the reports only
-            what = f"process {args.pid}" if args.pid else "every process"
-            print(f"syscall_latency: watching {what}", file=sys.stderr, flush=True)
-            if args.seconds:
-                loop.call_later(args.seconds, stop.set)
-        await watching
+        with aperf.closing_on_signals(stop.set):  # SIGINT, SIGTERM: stop, report, exit 0
+            watching = loop.create_task(watch(
+                stats, pid=args.pid, stop=stop, obj_path=args.object, every=args.interval,
+                on_interval=show, ready=ready,
+            ))
+            await asyncio.wait([watching, loop.create_task(ready.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if ready.is_set():  # diagnostics on stderr: stdout holds the reports only
+                what = f"process {args.pid}" if args.pid else "every process"
+                print(f"syscall_latency: watching {what}", file=sys.stderr, flush=True)
+                if args.seconds:
+                    loop.call_later(args.seconds, stop.set)
+            await watching
 
     try:
         asyncio.run(run())

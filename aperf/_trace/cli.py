@@ -19,7 +19,6 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import structlog
@@ -94,8 +93,9 @@ def warn(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class StopSignals:
-    """While entered, SIGINT and SIGTERM run the registered stop actions.
+class StopSignals(aperf.SignalCloser):
+    """While entered, SIGINT and SIGTERM run the registered stop actions
+    ([`aperf.closing_on_signals`][aperf.closing_on_signals], with the tracer's names).
 
     The loop runs them in its own thread, between two callbacks: nothing is
     interrupted mid-line, no task is cancelled. Installed before the (synchronous)
@@ -105,32 +105,16 @@ class StopSignals:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.requested = False
-        self._actions: list[Callable[[], None]] = []
+        super().__init__((), self.SIGNALS)
 
-    def __enter__(self) -> StopSignals:
-        loop = asyncio.get_running_loop()
-        for sig in self.SIGNALS:
-            loop.add_signal_handler(sig, self._stop)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in self.SIGNALS:
-            loop.remove_signal_handler(sig)
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal came."""
+        return self.signal is not None
 
     def on_stop(self, action: Callable[[], None]) -> None:
         """Run ``action`` at the stop signal (at once if it already came)."""
-        self._actions.append(action)
-        if self.requested:
-            action()
-
-    def _stop(self) -> None:
-        self.requested = True
-        for action in self._actions:
-            action()
+        self.add(action)
 
 
 class Printer:

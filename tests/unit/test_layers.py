@@ -18,7 +18,7 @@ FLOORS = {
     "_ebpfwin": 3, "_columnar": 3,
     "_reader": 4,
     "_setup": 5, "_loops": 5, "_trio": 5,
-    "_stream": 6, "_sync": 6,
+    "_stream": 6, "_sync": 6, "_signals": 6,
     "__init__": 7, "decoders": 7, "testing": 7,
     "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
 }
