@@ -45,6 +45,7 @@ from ._events import StreamStatistics as StreamStatistics
 from ._events import Tails as Tails
 from ._libbpf import libbpf_version as libbpf_version
 from ._libbpf import set_libbpf_verbose as set_libbpf_verbose
+from ._naming import show_public_names as _show_public_names
 from ._object import BPFObject as BPFObject
 from ._object import Link as Link
 from ._object import Map as Map
@@ -103,3 +104,5 @@ __all__ = [
     "libbpf_version",
     "set_libbpf_verbose",
 ]
+
+_show_public_names(globals())  # aperf.UnknownNameError, not aperf._errors.UnknownNameError

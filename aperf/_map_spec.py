@@ -10,6 +10,7 @@ import os
 
 from . import _libbpf as lb
 from ._errors import ClosedResourceError, LibbpfError, MapTypeError
+from ._map_types import map_type_name
 from ._object import Map
 
 MapSource = Map | int | str | os.PathLike[str]
@@ -86,6 +87,6 @@ def map_type_of(source: MapSource) -> int | None:
 def require_type(facts: lb.MapInfo, name: str, wanted: int, what: str) -> None:
     if facts.type != wanted:
         raise MapTypeError(
-            f"map {name} has type {facts.type}, not {what} ({wanted}); aperf reads "
-            f"{READABLE_TYPES} maps"
+            f"map {name} is a {map_type_name(facts.type)} (type {facts.type}), not {what} "
+            f"({map_type_name(wanted)}); aperf reads {READABLE_TYPES} maps"
         )

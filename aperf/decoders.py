@@ -9,6 +9,7 @@ from ._decode import c_string as c_string
 from ._decode import from_ctypes as from_ctypes
 from ._decode import from_struct as from_struct
 from ._decode import jsonable as jsonable
+from ._naming import show_public_names as _show_public_names
 
 __all__ = [
     "CEnum",
@@ -20,3 +21,5 @@ __all__ = [
     "from_struct",
     "jsonable",
 ]
+
+_show_public_names(globals())  # shown as this module's, not its private one's

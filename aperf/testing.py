@@ -26,6 +26,7 @@ from typing import Any
 
 from . import _libbpf as lb
 from ._fake import FakeRingMemory, FakeRingSource
+from ._naming import show_public_names as _show_public_names
 from ._object import BPFObject, Map
 from ._perf_format import encode_lost, encode_sample
 from ._ringbuf_source import RingBufferSource
@@ -218,3 +219,5 @@ class Producer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+_show_public_names(globals())  # shown as this module's, not its private one's

@@ -22,6 +22,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "aperf.fleet needs nats-py, which is not installed: pip install 'aperf-bpf[nats]'"
     ) from _exc
 
+from .._naming import show_public_names as _show_public_names
 from ._connect import create_stream as create_stream
 from ._errors import FleetClosedError as FleetClosedError
 from ._errors import FleetConfigError as FleetConfigError
@@ -47,3 +48,5 @@ __all__ = [
     "SinkStatistics",
     "create_stream",
 ]
+
+_show_public_names(globals())  # aperf.fleet.FleetError, not aperf.fleet._errors.FleetError

@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
-    "_errors": 0, "_log": 0, "_prototypes": 0,
+    "_errors": 0, "_log": 0, "_prototypes": 0, "_map_types": 0,
+    "_naming": 0,
     "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1,
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
     "_layout": 2,
