@@ -41,7 +41,7 @@ def test_the_table_is_the_running_kernels_enum() -> None:
     kernel = kernel_map_types()
     assert len(kernel) > 30  # the parse found the enum at all
     # A kernel newer than the table has more types: add them to aperf/_map_types.py.
-    assert MAP_TYPES == kernel
+    assert kernel == MAP_TYPES
 
 
 def test_names_and_unknown_numbers() -> None:
