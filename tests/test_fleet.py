@@ -662,7 +662,8 @@ def test_tracers_publish_and_the_viewer_merges_hosts(
     with (
         Lines("examples.fleet_view", "--nats", url) as viewer,
         Lines("aperf", "trace", "--nats", url, "--host", hosts[0]) as a,
-        Lines("aperf", "trace", "--nats", url, "--host", hosts[1]) as b,
+        # The teaching tracer (what scripts/tracer.sh runs) publishes the same way.
+        Lines("examples.bootstrap_legacy", "--nats", url, "--host", hosts[1]) as b,
     ):
         for tracer in (a, b):
             tracer.read_until(lambda seen: TRACER_HEADER in seen)
@@ -690,11 +691,12 @@ def test_tracers_publish_and_the_viewer_merges_hosts(
         assert viewer.stop(signal.SIGTERM) == 0
 
 
+@pytest.mark.parametrize("tracer", [["aperf", "trace"], ["examples.bootstrap_legacy"]])
 def test_tracer_with_a_missing_jetstream_stream_says_so_in_one_line(
-    tracefs: None, nats_server: NatsServer
+    tracefs: None, nats_server: NatsServer, tracer: list[str]
 ) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "aperf", "trace", "--nats", nats_server.url],
+        [sys.executable, "-m", *tracer, "--nats", nats_server.url],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 1
