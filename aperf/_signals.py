@@ -192,11 +192,24 @@ def closing_on_signals(
     """Close ``resources`` when one of ``signals`` (default SIGINT and SIGTERM) comes,
     on any loop: asyncio, uvloop, trio, and anyio on either backend.
 
+    <!-- runs until Ctrl-C; runs until SIGTERM; expect: ^stopped by SIG(INT|TERM)$ -->
     ```python
-    async with aperf.PerfStream(m) as stream, aperf.closing_on_signals(stream) as stop:
-        async for event in stream:   # ends on Ctrl-C or SIGTERM, after what was read
-            ...
-    print("stopped by", stop.signal.name if stop.signal else "the end of the stream")
+    import anyio
+
+    import aperf
+    from aperf.testing import FakeRingSource
+
+
+    async def main() -> None:
+        src = FakeRingSource(cpus=[0], ring_bytes=4096)  # rings in memory: no root
+        async with aperf.PerfStream(src) as stream, aperf.closing_on_signals(stream) as stop:
+            src.write(0, b"hello")
+            async for event in stream:  # ends on Ctrl-C or SIGTERM, after what was read
+                print(event.data[:5], flush=True)
+        print("stopped by", stop.signal.name if stop.signal else "the end of the stream")
+
+
+    anyio.run(main)  # or asyncio.run(main()), trio.run(main), uvloop.run(main())
     ```
 
     Closing a stream ends an ``async for`` over it (and ``await stream.run()``)
