@@ -15,7 +15,8 @@ layout, bottom up (nothing imports upward):
   ``_clock`` (drain clock), ``_losses`` (loss ledger), ``_build`` (events from raw pieces),
   ``_callbacks`` (callback checks and dispatch)
 - ``_setup``, ``_lifetime``, ``_waiting/`` (how to wait: asyncio, uvloop, trio, epoll),
-  ``_stream``, ``_sync``: the drivers (async, sync) that only wait
+  ``_stream``, ``_sync``: the drivers (async, sync) that only wait; ``_signals``: closing
+  them on SIGINT/SIGTERM on any loop
 """
 
 from . import abc as abc
@@ -49,6 +50,7 @@ from ._events import StreamStatistics as StreamStatistics
 from ._events import Tails as Tails
 from ._libbpf import libbpf_version as libbpf_version
 from ._libbpf import set_libbpf_verbose as set_libbpf_verbose
+from ._naming import show_public_names as _show_public_names
 from ._object import BPFObject as BPFObject
 from ._object import Link as Link
 from ._object import Map as Map
@@ -57,6 +59,8 @@ from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
 from ._ringbuf_format import NO_CPU as NO_CPU
 from ._ringbuf_source import RingBufferSource as RingBufferSource
+from ._signals import SignalCloser as SignalCloser
+from ._signals import closing_on_signals as closing_on_signals
 from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
 
@@ -94,6 +98,7 @@ __all__ = [
     "RingSizeError",
     "Sample",
     "SampleArray",
+    "SignalCloser",
     "StreamStatistics",
     "Tails",
     "TakenOverError",
@@ -101,7 +106,10 @@ __all__ = [
     "VerifierError",
     "Wakeup",
     "abc",
+    "closing_on_signals",
     "decoders",
     "libbpf_version",
     "set_libbpf_verbose",
 ]
+
+_show_public_names(globals())  # aperf.UnknownNameError, not aperf._errors.UnknownNameError

@@ -50,7 +50,7 @@ _tuple_new = tuple.__new__
 _INT_FORMATS = {(1, False): "B", (1, True): "b", (2, False): "H", (2, True): "h",
                 (4, False): "I", (4, True): "i", (8, False): "Q", (8, True): "q"}
 _FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}
-NUMPY_HINT = "pip install 'aperf[numpy]'"
+NUMPY_HINT = "pip install 'aperf-bpf[numpy]'"
 
 
 def c_string(raw: bytes) -> str:

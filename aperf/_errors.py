@@ -6,6 +6,7 @@ that failed; they are translated once, at the binding boundary.
 
 from __future__ import annotations
 
+import difflib
 import errno as _errno
 import os
 import re
@@ -111,14 +112,21 @@ class ObjectFileError(ObjectError, LibbpfError):
 
 
 class UnknownNameError(ObjectError, KeyError):
-    """No map, program or global of that name exists; the message lists those that do.
+    """No map, program or global of that name exists; the message suggests the close
+    matches first ("did you mean 'open_event'?"), then lists every name that exists,
+    then any advice (for a struct: how one gets into the object's BTF).
 
     A ``KeyError`` (hence a ``LookupError``), so that ``obj.maps`` and
     ``obj.programs`` follow the Mapping protocol: ``in`` and ``.get()`` see a miss.
+    ``suggestions`` holds the close matches, best first.
     """
 
     def __init__(self, kind: str, name: str, known: list[str], hint: str = "") -> None:
-        message = f"no {kind} named {name!r}; known: {', '.join(sorted(known)) or 'none'}"
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        message = f"no {kind} named {name!r}; "
+        if self.suggestions:
+            message += f"did you mean {' or '.join(map(repr, self.suggestions))}? "
+        message += f"known: {', '.join(sorted(known)) or 'none'}"
         super().__init__(f"{message}. {hint}" if hint else message)
         self.kind = kind
         self.name = name

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from . import _libbpf as lb
 from ._errors import BusyResourceError, ClosedResourceError, LibbpfError, MapTypeError
 from ._map_lock import MapLock, lock_map
+from ._map_types import map_type_name
 from ._object import Map
 from ._source import SourceEnded
 
@@ -93,8 +94,8 @@ def map_type_of(source: MapSpec) -> int | None:
 def require_type(facts: lb.MapInfo, name: str, wanted: int, what: str) -> None:
     if facts.type != wanted:
         raise MapTypeError(
-            f"map {name} has type {facts.type}, not {what} ({wanted}); aperf reads "
-            f"{READABLE_TYPES} maps"
+            f"map {name} is a {map_type_name(facts.type)} (type {facts.type}), not {what} "
+            f"({map_type_name(wanted)}); aperf reads {READABLE_TYPES} maps"
         )
 
 

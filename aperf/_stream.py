@@ -556,7 +556,7 @@ class PerfStream(Generic[T]):
         ``aperf.SampleArray`` per run of one CPU's samples (at most ``max_rows``
         rows each; None: the whole run), with ``Lost`` and ``BadSample`` in place.
 
-        Needs NumPy (``pip install 'aperf[numpy]'``: ImportError otherwise) and a
+        Needs NumPy (``pip install 'aperf-bpf[numpy]'``: ImportError otherwise) and a
         decoder with a layout (a BTF struct name, ``from_btf``, a ctypes structure or
         a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
         cancelled, as `batches()` is; see docs/columnar.md.

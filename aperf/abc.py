@@ -10,6 +10,7 @@ the source has every member. docs/architecture.md ("Adding a backend") walks
 through one; ``aperf.testing.FakeRingSource`` is a complete one.
 """
 
+from ._naming import show_public_names as _show_public_names
 from ._source import RING_SOURCE_MEMBERS as RING_SOURCE_MEMBERS
 from ._source import HandleKind as HandleKind
 from ._source import RecordFormat as RecordFormat
@@ -29,3 +30,5 @@ __all__ = [
     "Run",
     "Segment",
 ]
+
+_show_public_names(globals())  # shown as this module's, not its private one's

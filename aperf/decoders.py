@@ -10,6 +10,7 @@ from ._decode import c_string as c_string
 from ._decode import from_ctypes as from_ctypes
 from ._decode import from_struct as from_struct
 from ._decode import jsonable as jsonable
+from ._naming import show_public_names as _show_public_names
 from ._object import BPFObject
 
 __all__ = [
@@ -35,3 +36,6 @@ def from_btf(obj: BPFObject, type_name: str) -> SizedDecoder:
     are supported; ``char[N]`` becomes ``str``, other 1-byte arrays ``bytes``.
     """
     return obj._btf_decoder(type_name)
+
+
+_show_public_names(globals())  # shown as this module's, not its private one's

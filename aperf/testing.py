@@ -26,6 +26,7 @@ from typing import Any
 
 from . import _libbpf as lb
 from ._fake import FakeRingMemory, FakeRingSource
+from ._naming import show_public_names as _show_public_names
 from ._object import BPFObject, Map
 from ._perf_format import MAX_SAMPLE_BYTES as MAX_SAMPLE_BYTES
 from ._perf_format import encode_lost, encode_sample
@@ -220,3 +221,5 @@ class Producer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+_show_public_names(globals())  # shown as this module's, not its private one's

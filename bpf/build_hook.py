@@ -8,6 +8,11 @@ The compile rules live in ``bpf/Makefile`` alone; this hook runs
 
 Editable installs (``pip install -e .``) compile nothing: a checkout gets its
 objects from ``make -C bpf`` (``scripts/setup.sh`` runs it), as before.
+
+The wheel is pure (``py3-none-any``, setuptools' own tag for a distribution
+without extension modules): it holds Python and BPF bytecode, which the kernel
+verifies and compiles itself, and no machine code. docs/install.md says why
+that tag is honest for these objects, and tests/test_packaging.py checks it.
 """
 
 from __future__ import annotations
@@ -16,10 +21,8 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
-from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 from setuptools.errors import ExecError
 
@@ -77,12 +80,3 @@ class BuildPy(build_py):
         # mean nothing and the tools are absent: the wheel there ships none.
         if not self.editable_mode and sys.platform != "win32":
             compile_objects(Path(self.build_lib).resolve() / "aperf" / "_objects")
-
-
-class BdistWheel(bdist_wheel):
-    """Tag the wheel with the platform (py3-none-linux_x86_64): its BPF objects are
-    compiled for one target architecture, though no Python code is."""
-
-    def get_tag(self) -> tuple[str, str, str]:
-        platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-        return "py3", "none", platform

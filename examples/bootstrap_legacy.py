@@ -16,7 +16,9 @@ trace``), which aperf installs: the same options, output and exit codes, built
 from the same pieces in ``aperf/_trace/`` (privilege and tracefs checks,
 escaping, stdout that never blocks the loop, one-line errors). What is written
 out here is the part about aperf: the object, the stream, the loop.
-docs/tutorial.md walks through it.
+docs/tutorial.md walks through it. With ``--nats URL`` (and ``--host NAME``) the
+events are also published to NATS JetStream: that part is the tool's own
+(``aperf._trace.cli.trace``), which then runs instead of the loop below.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ DEFAULT_OBJECT = REPO / "bpf" / "bootstrap_legacy.bpf.o"  # built by: make -C bp
 
 
 async def trace(args: argparse.Namespace) -> int:
+    if args.nats:  # publishing too (aperf.fleet): the tool's loop, with its sink
+        return await cli.trace(args)
     out = await LineOutput.open()  # a full stdout pipe must not block the loop
     try:
         # SIGINT/SIGTERM close the stream: the ``async for`` then ends.
@@ -111,7 +115,7 @@ async def trace(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.main(
         argv, name=PROG, command=f"python -m examples.{PROG}", default_object=DEFAULT_OBJECT,
-        trace=trace, fleet=False,  # publishing to NATS (--nats) is the tool's: aperf-trace
+        trace=trace,  # every option of aperf-trace: scripts/tracer.sh passes them on
     )
 
 

@@ -9,7 +9,10 @@ prints one line per event, as the tracer does, plus the host it came from::
     web-1            17:26:53 EXEC  sh               24694   22237   /bin/sh
     db-2             17:26:53 EXIT  ls               24695   24694   [2] (5ms)
 
-TIME is when this viewer handed the event out. Samples are decoded from the
+TIME is when the event happened, on its host's clock: its kernel timestamp
+(``timestamp_ns``, CLOCK_BOOTTIME) plus that host's offset to the wall clock,
+which its tracer's sink sends along (``FleetReader.boot_offset_ns``); where a
+sink sent none, the time the viewer read it. Samples are decoded from the
 tracer object's BTF (``--object``; opened, never loaded, so no root is needed).
 Lost events, Gaps (events JetStream no longer holds) and messages the reader
 refused (``Malformed``: not aperf's, or forged) go to stderr. The
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,21 +49,18 @@ async def view(args: argparse.Namespace) -> int:
         subject=f"aperf.*.{TRACER}",
     )
     out = await LineOutput.open()
-    async with reader:
-        # Ctrl-C and SIGTERM cancel the loop below; leaving the ``async with`` then
-        # acknowledges what was shown and disconnects.
-        this = asyncio.current_task()
-        assert this is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, this.cancel)
+    this = asyncio.current_task()
+    assert this is not None
+    # Ctrl-C and SIGTERM cancel the loop below; leaving the ``async with`` then
+    # acknowledges what was shown and disconnects.
+    async with reader, aperf.closing_on_signals(this.cancel):
         await out.write(HOST % "HOST" + HEADER)
         try:
             async for host, _stream, event in reader:
                 match event:
                     case aperf.Sample(value=value):
-                        now = datetime.datetime.now().astimezone()
-                        await out.write(HOST % host + table_line(value, now))
+                        when = event_time(value.timestamp_ns, reader.boot_offset_ns(host))
+                        await out.write(HOST % host + table_line(value, when))
                         if out.broken:
                             break
                     case aperf.Lost(cpu=cpu, count=count):
@@ -78,6 +77,17 @@ async def view(args: argparse.Namespace) -> int:
         finally:
             await out.aclose()
     return 0
+
+
+def event_time(boot_ns: int, offset_ns: int | None) -> datetime.datetime:
+    """When an event stamped ``boot_ns`` (its host's CLOCK_BOOTTIME) happened, in local
+    time; with no offset from its host, now."""
+    if offset_ns is None:
+        return datetime.datetime.now().astimezone()
+    micros = (boot_ns + offset_ns) // 1000
+    return datetime.datetime.fromtimestamp(micros // 1_000_000).astimezone().replace(
+        microsecond=micros % 1_000_000
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

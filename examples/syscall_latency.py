@@ -26,7 +26,10 @@ histogram of the syscall that took the most time (or of ``--syscall``)::
 
 ``--pid PID`` watches one process only (the filter runs in the kernel).
 Ctrl-C (or ``--seconds``) stops it; it says on stderr when it has started
-watching. docs/columnar.md walks through this file.
+watching. ``--plot FILE`` also draws the final latency histograms (the
+syscalls that took the most time) into a PNG; it needs matplotlib
+(``pip install 'aperf-bpf[plot]'``), and without it the text still prints.
+docs/columnar.md walks through this file.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import asyncio
 import collections
 import contextlib
 import re
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -139,6 +141,51 @@ class SyscallStats:
         return "\n".join(lines)
 
 
+PLOT_SYSCALLS = 4  # histograms in the --plot picture
+PLOT_HINT = "pip install 'aperf-bpf[plot]'"
+
+
+def plot_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plot(stats: SyscallStats, path: Path, syscall: int | None, names: dict[int, str]) -> None:
+    """The latency histograms of ``syscall`` and of the syscalls that took the most time,
+    one panel each (calls per log2 bucket), as a PNG at ``path``."""
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
+
+    name = lambda nr: names.get(nr, f"syscall_{nr}")  # noqa: E731
+    busiest = [int(nr) for nr in np.argsort(stats.time_ns)[::-1] if stats.histogram[nr].any()]
+    chosen = ([syscall] if syscall is not None else []) + [n for n in busiest if n != syscall]
+    chosen = chosen[:PLOT_SYSCALLS]
+    figure = Figure(figsize=(8, 2.4 * max(len(chosen), 1)), layout="constrained")
+    axes = figure.subplots(max(len(chosen), 1), 1, squeeze=False)[:, 0]
+    for ax, nr in zip(axes, chosen, strict=False):
+        counts = stats.histogram[nr]
+        used = np.flatnonzero(counts)
+        buckets = np.arange(int(used.min()), int(used.max()) + 1)
+        ax.bar(buckets, counts[buckets], width=0.9, color="tab:blue")
+        ax.set_xticks(buckets, [_ns(2.0 ** (b - 1) if b else 0.0) for b in buckets],
+                      rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("calls")
+        ax.set_title(
+            f"{name(nr)}: {counts.sum()} calls, {stats.time_ns[nr] / 1e6:.1f} ms in all, "
+            f"p50 <= {_ns(stats.percentile(nr, 0.5))}, p99 <= {_ns(stats.percentile(nr, 0.99))}",
+            fontsize=9,
+        )
+    if not chosen:
+        axes[0].set_title("no syscall was seen")
+    axes[-1].set_xlabel("latency, at least (log2 buckets)")
+    # The titles as text too, in the PNG's Description: readable without looking.
+    description = "; ".join(ax.get_title() for ax in axes)
+    figure.savefig(path, format="png", dpi=100,
+                   metadata={"Title": "syscall latency", "Description": description})
+
+
 def _ns(value: float) -> str:
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
         if value >= scale:
@@ -197,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=0, help="stop after (0: Ctrl-C)")
     parser.add_argument("--syscall", help="histogram of this syscall (name or number)")
     parser.add_argument("--object", type=Path, default=DEFAULT_OBJECT, help="the BPF object")
+    parser.add_argument("--plot", type=Path, metavar="FILE",
+                        help=f"also write the latency histograms as a PNG ({PLOT_HINT})")
     args = parser.parse_args(argv)
+    if args.plot is not None and not plot_available():
+        print(f"syscall_latency: --plot needs matplotlib, which is not installed: {PLOT_HINT}; "
+              "printing text only", file=sys.stderr, flush=True)
     names = syscall_names()
     chosen = None
     if args.syscall is not None:
@@ -217,18 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        watching = loop.create_task(watch(stats, pid=args.pid, stop=stop, obj_path=args.object,
-                                          every=args.interval, on_interval=show, ready=ready))
-        await asyncio.wait([watching, loop.create_task(ready.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
-        if ready.is_set():  # diagnostics on stderr: stdout holds the reports only
-            what = f"process {args.pid}" if args.pid else "every process"
-            print(f"syscall_latency: watching {what}", file=sys.stderr, flush=True)
-            if args.seconds:
-                loop.call_later(args.seconds, stop.set)
-        await watching
+        with aperf.closing_on_signals(stop.set):  # SIGINT, SIGTERM: stop, report, exit 0
+            watching = loop.create_task(watch(
+                stats, pid=args.pid, stop=stop, obj_path=args.object, every=args.interval,
+                on_interval=show, ready=ready,
+            ))
+            await asyncio.wait([watching, loop.create_task(ready.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if ready.is_set():  # diagnostics on stderr: stdout holds the reports only
+                what = f"process {args.pid}" if args.pid else "every process"
+                print(f"syscall_latency: watching {what}", file=sys.stderr, flush=True)
+                if args.seconds:
+                    loop.call_later(args.seconds, stop.set)
+            await watching
 
     try:
         asyncio.run(run())
@@ -236,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"syscall_latency: {exc}", file=sys.stderr)
         return 1
     show()
+    if args.plot is not None:
+        if not plot_available():
+            return 1  # the text is out; the picture asked for is not (said at the start)
+        plot(stats, args.plot, chosen, names)
+        print(f"syscall_latency: histograms written to {args.plot}", file=sys.stderr)
     return 0
 
 

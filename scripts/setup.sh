@@ -38,6 +38,9 @@ fi
 STAMP=.venv/.aperf-setup-stamp
 inputs=$( { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
 if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inputs" ]; then
+    # The distribution was called "aperf" before it became aperf-bpf: a .venv made then
+    # holds that editable install too, which would shadow the metadata of the new one.
+    .venv/bin/python -m pip uninstall -q -y aperf >/dev/null 2>&1 || true
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service,docs]'
     echo "$inputs" > "$STAMP"
 fi

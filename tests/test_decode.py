@@ -82,6 +82,17 @@ def test_a_struct_missing_from_btf_says_how_it_gets_there() -> None:
     assert f"'bpftool btf dump file {path} | grep STRUCT'" in message
 
 
+def test_a_misspelt_struct_is_suggested_before_the_btf_advice() -> None:
+    with aperf.BPFObject(object_path("kinds")) as obj, pytest.raises(
+        aperf.UnknownNameError
+    ) as info:
+        aperf.decoders.from_btf(obj, "kind")
+    message = str(info.value)
+    assert message.startswith("no struct in the object's BTF named 'kind'; did you mean 'kinds'")
+    assert info.value.suggestions[0] == "kinds"
+    assert message.index("did you mean") < message.index("? known: ") < message.index("clang")
+
+
 def test_btf_name_needs_an_object_map(producer: Producer) -> None:
     with pytest.raises(TypeError, match="from_btf"):
         aperf.PerfStream(producer.map.fd, decoder="kinds")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import queue
 import shutil
@@ -210,7 +211,7 @@ def test_without_nats_py_the_import_error_names_the_extra() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 1
     assert "ImportError: aperf.fleet needs nats-py" in result.stderr
-    assert "pip install 'aperf[nats]'" in result.stderr
+    assert "pip install 'aperf-bpf[nats]'" in result.stderr
 
 
 def test_sequence_tracking_reports_each_hole_once_and_exactly() -> None:
@@ -923,7 +924,8 @@ def test_tracers_publish_and_the_viewer_merges_hosts(
     with (
         Lines("examples.fleet_view", "--nats", url) as viewer,
         Lines("aperf", "trace", "--nats", url, "--host", hosts[0]) as a,
-        Lines("aperf", "trace", "--nats", url, "--host", hosts[1]) as b,
+        # The teaching tracer (what scripts/tracer.sh runs) publishes the same way.
+        Lines("examples.bootstrap_legacy", "--nats", url, "--host", hosts[1]) as b,
     ):
         for tracer in (a, b):
             tracer.read_until(lambda seen: TRACER_HEADER in seen)
@@ -951,11 +953,12 @@ def test_tracers_publish_and_the_viewer_merges_hosts(
         assert viewer.stop(signal.SIGTERM) == 0
 
 
+@pytest.mark.parametrize("tracer", [["aperf", "trace"], ["examples.bootstrap_legacy"]])
 def test_tracer_with_a_missing_jetstream_stream_says_so_in_one_line(
-    tracefs: None, nats_server: NatsServer
+    tracefs: None, nats_server: NatsServer, tracer: list[str]
 ) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "aperf", "trace", "--nats", nats_server.url],
+        [sys.executable, "-m", *tracer, "--nats", nats_server.url],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 1
@@ -976,3 +979,74 @@ def test_tracer_stops_at_once_while_jetstream_is_away(
         tracer.read_until(lambda seen: any(" EXEC  true " in line for line in seen))
         time.sleep(0.5)  # the tracer is now waiting in send() for a server that is gone
         assert tracer.stop(signal.SIGINT) == 0
+
+
+# --- the events' own time ----------------------------------------------------------------
+
+
+def exec_event_bytes(decode: Callable[[bytes], Any], pid: int, boot_ns: int) -> bytes:
+    """A ``struct event`` exec of ``pid`` stamped ``boot_ns``, checked with the decoder."""
+    data = bytearray(176)  # bpf/bootstrap.h: pid, ppid, exit_code, duration, comm, ...
+    struct.pack_into("<ii", data, 0, pid, 1)
+    data[24:28] = b"old\0"
+    data[40:49] = b"/bin/old\0"
+    struct.pack_into("<Q", data, 168, boot_ns)  # timestamp_ns, the last field
+    value = decode(bytes(data))
+    assert (value.pid, value.comm, value.filename, value.timestamp_ns) == (
+        pid, "old", "/bin/old", boot_ns
+    )
+    return bytes(data)
+
+
+@pytest.mark.asyncio
+async def test_the_reader_has_each_hosts_boot_clock_offset(nats_server: NatsServer) -> None:
+    url = nats_server.url
+    await create_stream(url)
+    before = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    async with JetStreamSink(url, host="timed", name="t") as sink:
+        await sink.send([seq_sample(0, 0)])
+        await sink.flush()
+    after = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    async with FleetReader(url, durable="timed", decoder=SEQ_TS) as reader:
+        assert reader.boot_offset_ns("timed") is None  # nothing read yet
+        async for host, _stream, _event in reader:
+            assert host == "timed"
+            break
+        offset = reader.boot_offset_ns("timed")
+        assert offset is not None
+        # This host's own offset, measured around the sink's (the clocks read apart).
+        assert min(before, after) - 50_000_000 <= offset <= max(before, after) + 50_000_000
+        assert reader.boot_offset_ns("elsewhere") is None
+
+
+def test_the_viewer_shows_when_the_event_happened(kernel: None, nats_server: NatsServer) -> None:
+    """An exec stamped ten minutes ago is shown ten minutes ago, not when it was read.
+    (``kernel``: the tier where the tracer's object is built; it is opened, not loaded.)"""
+    from aperf._trace.cli import FLEET_STREAM, shipped_object
+    from aperf._trace.render import event_decoder
+
+    url = nats_server.url
+    asyncio.run(create_stream(url))
+    boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    ago = 600 * 10**9
+    assert boot_now > ago, "the machine booted less than ten minutes ago"
+    with aperf.BPFObject(shipped_object()) as obj:
+        data = exec_event_bytes(event_decoder(obj), 4242, boot_now - ago)
+
+    async def publish() -> None:
+        async with JetStreamSink(url, host="past", name=FLEET_STREAM) as sink:
+            await sink.send([aperf.Sample(0, data)])
+            await sink.flush()
+
+    asyncio.run(publish())
+    with Lines("examples.fleet_view", "--nats", url) as viewer:
+        viewer.read_until(lambda seen: any(" EXEC  old " in line for line in seen))
+        (line,) = [line for line in viewer.seen if " EXEC  old " in line]
+        shown = datetime.datetime.strptime(line[17:25], "%H:%M:%S").time()
+        assert viewer.stop(signal.SIGTERM) == 0
+    expected = datetime.datetime.now() - datetime.timedelta(seconds=600)
+    distance = abs(
+        datetime.datetime.combine(expected.date(), shown) - expected
+    ).total_seconds()
+    assert min(distance, 86_400 - distance) < 30, (line, expected)
+    assert line.startswith("past ") and parse_row(line[17:]).pid == 4242

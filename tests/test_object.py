@@ -109,6 +109,25 @@ def test_unknown_map_and_program_names() -> None:
     _next_object_still_works()
 
 
+def test_close_names_are_suggested_first() -> None:
+    with aperf.BPFObject(BOOTSTRAP) as obj:
+        with pytest.raises(aperf.UnknownNameError) as info:
+            obj.maps["perf_bufer"]
+        assert str(info.value).startswith(
+            "no map named 'perf_bufer'; did you mean 'perf_buffer'? known: "
+        )
+        with pytest.raises(aperf.UnknownNameError) as info:
+            obj.programs["handle_exit_"]
+        assert info.value.suggestions[0] == "handle_exit"
+        with pytest.raises(aperf.UnknownNameError) as info:
+            obj.set_global("min_duration", 1)
+        assert info.value.suggestions == ["min_duration_ns"]
+        with pytest.raises(aperf.UnknownNameError) as info:
+            obj.maps["zzz"]  # nothing close: no suggestion, only the list
+        assert info.value.suggestions == []
+        assert "did you mean" not in str(info.value)
+
+
 def test_verifier_rejection_names_the_program_and_keeps_the_log() -> None:
     with aperf.BPFObject(REJECTED) as obj:
         with pytest.raises(aperf.VerifierError) as info:

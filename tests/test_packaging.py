@@ -13,6 +13,7 @@ from __future__ import annotations
 import email.parser
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (REPO / "aperf" / "__init__.py").read_text())[1]
 SHIPPED = ("producer", "kinds", "bootstrap_legacy", "bootstrap")
 HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
 BUILD_TIMEOUT = 300
@@ -123,12 +125,17 @@ def test_sdist_carries_what_building_and_testing_need(dist: Dist) -> None:
 
 
 def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
-    assert dist.wheel.name.startswith("aperf-") and "-py3-none-linux_" in dist.wheel.name
+    # "aperf" on PyPI is another project: the distribution is aperf-bpf, the import aperf.
+    assert dist.wheel.name == f"aperf_bpf-{VERSION}-py3-none-any.whl"
     with zipfile.ZipFile(dist.wheel) as whl:
         names = set(whl.namelist())
         info = next(n for n in names if n.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
         metadata = email.parser.Parser().parsestr(whl.read(f"{info}/METADATA").decode())
         entry_points = whl.read(f"{info}/entry_points.txt").decode()
+        wheel_info = email.parser.Parser().parsestr(whl.read(f"{info}/WHEEL").decode())
+    assert metadata["Name"] == "aperf-bpf" and metadata["Version"] == VERSION
+    assert wheel_info.get_all("Tag") == ["py3-none-any"]
+    assert wheel_info["Root-Is-Purelib"] == "true"
     for name in SHIPPED:
         assert f"aperf/_objects/{name}.bpf.o" in names
     assert {"aperf/__main__.py", "aperf/_trace/cli.py", "aperf/py.typed"} <= names
@@ -145,6 +152,47 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
     assert 'trio>=0.25; extra == "trio"' in requires
 
 
+def test_wheel_is_pure_as_auditwheel_sees_it(dist: Dist) -> None:
+    """auditwheel (what manylinux checks rely on) finds no machine code to tag: the
+    ``.bpf.o`` files are ELF, but for the BPF machine, which no platform tag names."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", str(dist.wheel)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert "This does not look like a platform wheel" in output, output
+    for name in SHIPPED:
+        assert f"ignoring: {name}.bpf.o with unknown architecture" in output, output
+
+
+def test_wheel_objects_are_little_endian_bpf_without_cpu_registers(dist: Dist) -> None:
+    """What py3-none-any promises of the objects: BPF bytecode (ELF machine EM_BPF, 247),
+    little-endian (the byte order of x86-64, arm64, riscv64, ppc64le), and no program that
+    reads CPU registers (bpf_tracing.h's PT_REGS macros, the one thing ``-D__TARGET_ARCH_x86``
+    selects): CO-RE relocates the rest against each kernel's BTF."""
+    with zipfile.ZipFile(dist.wheel) as whl:
+        for name in SHIPPED:
+            header = whl.read(f"aperf/_objects/{name}.bpf.o")[:20]
+            assert header[:4] == b"\x7fELF", name
+            assert header[5] == 1, f"{name}: not little-endian"  # EI_DATA: ELFDATA2LSB
+            assert int.from_bytes(header[18:20], "little") == 247, f"{name}: not EM_BPF"
+    registers = re.compile(r"\b(PT_REGS_\w+|BPF_KPROBE|BPF_KRETPROBE|BPF_KSYSCALL|BPF_UPROBE)\b")
+    sources = [REPO / "bpf" / f"{name}.bpf.c" for name in SHIPPED]
+    sources += [p for p in (REPO / "bpf").glob("*.h") if p.name != "vmlinux.h"]
+    for source in sources:
+        found = registers.findall(source.read_text())
+        assert not found, f"{source.name} uses {found}: its object is for one CPU architecture"
+
+
+def test_twine_accepts_both_archives(dist: Dist) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(dist.sdist), str(dist.wheel)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("PASSED") == 2, proc.stdout
+
+
 # --- the wheel, installed where there is no compiler ------------------------------------------
 
 
@@ -155,6 +203,9 @@ def test_installed_tool_answers_help(venv: Path, tmp_path: Path) -> None:
         assert "--pages N" in proc.stdout and "--json" in proc.stdout
     where = run_in(venv, tmp_path, "python", "-c", "import aperf; print(aperf.__file__)")
     assert where.stdout.startswith(str(venv)), where  # the wheel, not the checkout
+    script = "import importlib.metadata as m, aperf; print(m.version('aperf-bpf'))"
+    versions = run_in(venv, tmp_path, "python", "-c", script + "; print(aperf.__version__)")
+    assert versions.stdout.split() == [VERSION, VERSION], versions
 
 
 @pytest.mark.kernel
@@ -218,7 +269,7 @@ def test_installed_tool_without_uvloop_says_which_extra(
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
         "aperf-trace: --loop uvloop needs uvloop, which is not installed: "
-        "pip install 'aperf[uvloop]'"
+        "pip install 'aperf-bpf[uvloop]'"
     ]
 
 

@@ -299,7 +299,8 @@ async def test_bad_input_is_refused_and_the_stream_survives(
             await aperf.PerfStream(ringbuf.map).open()
     with pytest.raises(aperf.RingSizeError, match="fixed when the map was created"):
         await aperf.PerfStream(ringbuf.map, pages=8).open()
-    with pytest.raises(aperf.MapTypeError, match="not a ring buffer"):
+    perf = r"PERF_EVENT_ARRAY \(type 4\), not a ring buffer \(BPF_MAP_TYPE_RINGBUF\)"
+    with pytest.raises(aperf.MapTypeError, match=perf):
         await aperf.PerfStream(aperf.RingBufferSource(ringbuf.object.maps["samples"])).open()
     with pytest.raises(TypeError, match="dropped must be callable"):
         aperf.RingBufferSource(ringbuf.map, dropped=3)  # type: ignore[arg-type]

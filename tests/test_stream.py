@@ -566,9 +566,10 @@ async def test_map_with_fewer_slots_than_cpus(kernel: None) -> None:
 
 
 async def test_bad_sources_and_sizes(producer: Producer) -> None:
-    with pytest.raises(aperf.MapTypeError, match="type 2"):
+    array = r"counters is a BPF_MAP_TYPE_ARRAY \(type 2\), not a perf event array"
+    with pytest.raises(aperf.MapTypeError, match=array):
         await aperf.PerfStream(producer.object.maps["counters"]).open()
-    with pytest.raises(aperf.MapTypeError, match="type 2"):
+    with pytest.raises(aperf.MapTypeError, match=r"is a BPF_MAP_TYPE_ARRAY \(type 2\)"):
         await aperf.PerfStream(producer.object.maps["counters"].fd).open()
     read_end, write_end = os.pipe()
     try:

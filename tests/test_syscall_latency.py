@@ -4,10 +4,14 @@ workload's syscalls exactly and place their latencies in the right log2 buckets.
 from __future__ import annotations
 
 import asyncio
+import os
+import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +96,84 @@ def test_the_command_prints_the_workload_and_its_histogram() -> None:
     assert lines[0].split() == ["PID", "COMM", "CALLS", "TOP", "SYSCALLS"]
     assert lines[1].split()[0] == str(proc.pid) and f"getpid {GETPIDS}" in lines[1]
     assert lines[2].startswith(f"getpid: {GETPIDS} calls")
+
+
+def run_command(proc: subprocess.Popen[str], *extra: str,
+                env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The command on the workload (getpid's histogram), for two seconds."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "examples.syscall_latency", "--pid", str(proc.pid),
+         "--seconds", "2", "--interval", "10", "--syscall", "getpid", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    ) as cli:
+        before = ""
+        try:
+            assert cli.stderr is not None
+            while "watching process" not in (line := cli.stderr.readline()):  # attached
+                assert line, "the command ended before it attached"
+                before += line
+            go(proc)
+            out, err = cli.communicate(timeout=30)
+        finally:
+            cli.kill()
+    return cli.returncode, out, before + err
+
+
+def png_text(data: bytes) -> dict[str, str]:
+    """The PNG's tEXt chunks, after checking its signature and every chunk's CRC."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    texts, offset = {}, 8
+    while offset < len(data):
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        kind = data[offset + 4 : offset + 8]
+        body = data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
+        assert zlib.crc32(kind + body) == crc, kind
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            texts[key.decode("latin-1")] = value.decode("latin-1")
+        offset += 12 + length
+    assert kind == b"IEND"
+    return texts
+
+
+@pytest.mark.usefixtures("tracefs")
+def test_plot_writes_the_latency_histograms_as_a_png(tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    picture = tmp_path / "latency.png"
+    with workload() as proc:
+        code, out, err = run_command(proc, "--plot", str(picture))
+    assert code == 0, err
+    assert out.splitlines()[2].startswith(f"getpid: {GETPIDS} calls")  # the text, as ever
+    assert f"histograms written to {picture}" in err
+    data = picture.read_bytes()
+    description = png_text(data)["Description"]
+    assert description.startswith(f"getpid: {GETPIDS} calls")  # the chosen syscall first
+    assert f"clock_nanosleep: {SLEEPS} calls" in description  # then the busiest by time
+    pixels = imread(picture)
+    height, width = pixels.shape[:2]
+    assert width >= 600 and height >= 400
+    # Drawn, not blank: bars (the default blue, #1f77b4) and a good share of non-white.
+    rgb = (pixels[..., :3] * 255).round().astype(int)
+    blue = ((abs(rgb - [31, 119, 180]).sum(axis=-1)) < 10).mean()
+    assert blue > 0.01
+    assert (rgb.sum(axis=-1) < 700).mean() > 0.03
+
+
+@pytest.mark.usefixtures("tracefs")
+def test_without_matplotlib_the_text_still_prints(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"  # a matplotlib that cannot be imported, first on the path
+    (hidden / "matplotlib").mkdir(parents=True)
+    (hidden / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden')\n")
+    env = {**os.environ, "PYTHONPATH": str(hidden)}
+    with workload() as proc:
+        code, out, err = run_command(proc, env=env)  # no --plot: matplotlib is not needed
+    assert code == 0, err
+    assert out.splitlines()[2].startswith(f"getpid: {GETPIDS} calls")
+    picture = tmp_path / "latency.png"
+    with workload() as proc:
+        code, out, err = run_command(proc, "--plot", str(picture), env=env)
+    assert out.splitlines()[2].startswith(f"getpid: {GETPIDS} calls")  # the text still prints
+    assert "--plot needs matplotlib, which is not installed: pip install 'aperf-bpf[plot]'" in err
+    assert code == 1 and not picture.exists()

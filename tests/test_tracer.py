@@ -629,3 +629,33 @@ def test_pages_out_of_range_is_a_usage_error(pages: str) -> None:
         "python -m aperf trace: error: argument --pages: "
     ), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --- scripts/tracer.sh passes every option of aperf-trace ------------------------------------
+
+OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z-]*)")
+
+
+def tracer_sh_command() -> list[str]:
+    """What scripts/tracer.sh runs after the set-up, with ``"$@"`` left out."""
+    lines = (REPO / "scripts" / "tracer.sh").read_text().splitlines()
+    (exec_line,) = [line for line in lines if line.startswith("exec ")]
+    words = exec_line.split()[1:]
+    assert words[0] == ".venv/bin/python" and words[-1] == '"$@"', exec_line
+    return words[1:-1]
+
+
+def help_options(args: Sequence[str]) -> set[str]:
+    proc = subprocess.run(
+        [sys.executable, *args, "--help"], cwd=REPO, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    options = proc.stdout.split("options:", 1)[1]
+    return set(OPTION.findall(options))
+
+
+def test_tracer_sh_accepts_every_option_of_aperf_trace() -> None:
+    tool = help_options(COMMANDS["tool"])
+    assert {"--nats", "--host", "--pages", "--ringbuf", "--json", "-d", "--loop"} <= tool
+    assert help_options(tracer_sh_command()) == tool

@@ -19,7 +19,6 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import structlog
@@ -94,8 +93,9 @@ def warn(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class StopSignals:
-    """While entered, SIGINT and SIGTERM run the registered stop actions.
+class StopSignals(aperf.SignalCloser):
+    """While entered, SIGINT and SIGTERM run the registered stop actions
+    ([`aperf.closing_on_signals`][aperf.closing_on_signals], with the tracer's names).
 
     The loop runs them in its own thread, between two callbacks: nothing is
     interrupted mid-line, no task is cancelled. Installed before the (synchronous)
@@ -105,32 +105,16 @@ class StopSignals:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.requested = False
-        self._actions: list[Callable[[], None]] = []
+        super().__init__((), self.SIGNALS)
 
-    def __enter__(self) -> StopSignals:
-        loop = asyncio.get_running_loop()
-        for sig in self.SIGNALS:
-            loop.add_signal_handler(sig, self._stop)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in self.SIGNALS:
-            loop.remove_signal_handler(sig)
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal came."""
+        return self.signal is not None
 
     def on_stop(self, action: Callable[[], None]) -> None:
         """Run ``action`` at the stop signal (at once if it already came)."""
-        self._actions.append(action)
-        if self.requested:
-            action()
-
-    def _stop(self) -> None:
-        self.requested = True
-        for action in self._actions:
-            action()
+        self.add(action)
 
 
 class Printer:
@@ -297,7 +281,7 @@ def parse_args(
     parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
     parser.add_argument(
         "--loop", choices=("asyncio", "uvloop"), default="asyncio",
-        help="event loop to run on (uvloop: pip install 'aperf[uvloop]')",
+        help="event loop to run on (uvloop: pip install 'aperf-bpf[uvloop]')",
     )
     parser.add_argument(
         "--pages", type=positive_power_of_two, default=None, metavar="N",
@@ -322,7 +306,7 @@ def parse_args(
     if fleet:
         parser.add_argument(
             "--nats", metavar="URL",
-            help="also publish every event to NATS JetStream at URL (needs aperf[nats]; the "
+            help="also publish every event to NATS JetStream at URL (needs aperf-bpf[nats]; the "
             "stream must exist: python -m aperf.fleet create-stream --nats URL); "
             "python -m examples.fleet_view shows a fleet",
         )
@@ -342,7 +326,7 @@ def parse_args(
 
 def check_fleet_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--nats`` and ``--host`` as the sink would take them; a mistake is one line and
-    status 2, like any bad option (without aperf[nats], open_sink says what is missing)."""
+    status 2, like any bad option (without aperf-bpf[nats], open_sink says what is missing)."""
     try:
         from aperf.fleet._args import name_problem, url_problem
     except ImportError:
@@ -381,7 +365,8 @@ def run(args: argparse.Namespace, trace: Trace = trace) -> int:
             import uvloop
         except ImportError:
             raise SetupError(
-                "--loop uvloop needs uvloop, which is not installed: pip install 'aperf[uvloop]'"
+                "--loop uvloop needs uvloop, which is not installed: "
+                "pip install 'aperf-bpf[uvloop]'"
             ) from None
         return uvloop.run(trace(args))
     return asyncio.run(trace(args))

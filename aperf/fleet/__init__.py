@@ -1,6 +1,6 @@
 """aperf.fleet: forward perf streams into NATS JetStream, and read a fleet back as one stream.
 
-Needs the ``nats`` extra: ``pip install 'aperf[nats]'``. See docs/fleet.md.
+Needs the ``nats`` extra: ``pip install 'aperf-bpf[nats]'``. See docs/fleet.md.
 
 - [`JetStreamSink`][aperf.fleet.JetStreamSink] forwards an
   [`aperf.PerfStream`][aperf.PerfStream] (or events you give it) to subject
@@ -20,9 +20,10 @@ try:
     import nats as _nats  # noqa: F401  # only to fail early with a useful message
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "aperf.fleet needs nats-py, which is not installed: pip install 'aperf[nats]'"
+        "aperf.fleet needs nats-py, which is not installed: pip install 'aperf-bpf[nats]'"
     ) from _exc
 
+from .._naming import show_public_names as _show_public_names
 from ._connect import create_stream as create_stream
 from ._errors import FleetClosedError as FleetClosedError
 from ._errors import FleetConfigError as FleetConfigError
@@ -50,3 +51,5 @@ __all__ = [
     "SinkStatistics",
     "create_stream",
 ]
+
+_show_public_names(globals())  # aperf.fleet.FleetError, not aperf.fleet._errors.FleetError

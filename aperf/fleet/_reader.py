@@ -40,6 +40,7 @@ from .._errors import DecodeError
 from .._events import BadSample, Sample
 from .._log import log
 from ._args import check_int, check_name, check_seconds
+from ._clock import BOOT_OFFSET_HEADER, parse_boot_offset
 from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, Servers, connect, server_list, stream_info
 from ._errors import FleetClosedError, FleetConfigError, FrameError
 from ._events import FleetEvent, Gap, Malformed, ReaderStatistics
@@ -146,6 +147,7 @@ class FleetReader:
         self._held_messages: set[_Which] = set()
         self._to_ack: list[_Done] = []
         self._closed = False
+        self._boot_offsets: dict[str, int] = {}  # host -> its sinks' latest offset
         self._n = _Counts()
         self._last_problem = ""
         self._first_seq, self._first_seq_at = 0, -1e9  # the stream's oldest message, when
@@ -327,6 +329,9 @@ class FleetReader:
             self._notice(msg, seq, f"it claims host {frame.host!r} and stream {frame.stream!r}, "
                          f"whose subject is {subject!r}")
             return
+        offset = parse_boot_offset(msg.headers.get(BOOT_OFFSET_HEADER) if msg.headers else None)
+        if offset is not None:
+            self._boot_offsets[frame.host] = offset
         key = (frame.host, frame.stream, frame.epoch)
         track = self._sources.get(key)
         if track is None:
@@ -484,6 +489,18 @@ class FleetReader:
                         error=text)
 
     # --- introspection -----------------------------------------------------------------
+
+    def boot_offset_ns(self, host: str) -> int | None:
+        """``host``'s wall clock minus its kernel's boot-time clock, in ns, as its sinks
+        last sent it; None until a message from ``host`` carried one.
+
+        A BPF timestamp from ``bpf_ktime_get_boot_ns()`` (CLOCK_BOOTTIME) plus this
+        is the event's wall-clock time, in ns since the epoch: each host boots at its
+        own time, so a reader cannot use its own clock for another host's events.
+        Exact to the hosts' clock sync; every [`JetStreamSink`][aperf.fleet.JetStreamSink]
+        sends it (taken when the sink opens).
+        """
+        return self._boot_offsets.get(host)
 
     def statistics(self) -> ReaderStatistics:
         """Messages, samples, lost counts, bad samples, gaps, duplicates, and the messages

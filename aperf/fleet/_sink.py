@@ -40,6 +40,7 @@ from nats.aio.msg import Msg
 
 from .._log import log
 from ._args import check_int, check_name, check_seconds
+from ._clock import BOOT_OFFSET_HEADER, boot_offset_ns
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
@@ -144,6 +145,7 @@ class JetStreamSink:
         self._framer: Framer | None = None
         self._nc: Client | None = None
         self._inbox = ""
+        self._headers: dict[str, str] = {}  # sent with every message (_clock.py)
         self._supervisor: asyncio.Task[None] | None = None
         self._inflight: dict[int, _Pending] = {}  # by first sequence number, in order
         # First sequence numbers of every message framed and neither acknowledged nor
@@ -196,6 +198,8 @@ class JetStreamSink:
             if limit > 0:
                 max_bytes = min(max_bytes, max(limit - 512, 1024))
             self._inbox = nc.new_inbox() + "."
+            offset = boot_offset_ns()  # so that readers can time this host's events
+            self._headers = {} if offset is None else {BOOT_OFFSET_HEADER: str(offset)}
             await nc.subscribe(self._inbox + "*", cb=self._on_ack)
         except BaseException:
             await nc.close()
@@ -352,7 +356,8 @@ class JetStreamSink:
         try:
             await nc.publish(
                 self._subject, out.payload, reply=f"{self._inbox}{out.first}",
-                headers={"Nats-Msg-Id": f"{self._id_prefix}{out.first}.{out.tag.hex()}"},
+                headers={"Nats-Msg-Id": f"{self._id_prefix}{out.first}.{out.tag.hex()}",
+                         **self._headers},
             )
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             pass  # down: all of the window is published again once reconnected

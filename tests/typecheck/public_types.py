@@ -59,3 +59,16 @@ def sync() -> None:
     buffer = aperf.PerfBuffer(FakeRingSource(), decoder=decode, on_sample=on_sample)
     assert_type(buffer, aperf.PerfBuffer[int])
     assert_type(buffer.poll(10), int)
+
+
+async def stopping() -> None:
+    import asyncio
+    import signal
+
+    stream = aperf.PerfStream(FakeRingSource())
+    async with aperf.closing_on_signals(stream) as stop:
+        assert_type(stop, aperf.SignalCloser)
+        assert_type(stop.signal, signal.Signals | None)
+        stop.add(asyncio.Event().set)  # a function to call instead of a close()
+    with aperf.closing_on_signals(stream, signals=[signal.SIGUSR1]):
+        pass

@@ -375,7 +375,7 @@ def test_without_numpy_the_error_says_what_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     lines = out.stdout.splitlines()
     assert len(lines) == 3
-    assert all("pip install 'aperf[numpy]'" in line for line in lines)
+    assert all("pip install 'aperf-bpf[numpy]'" in line for line in lines)
 
 
 def test_importing_aperf_does_not_import_numpy() -> None:

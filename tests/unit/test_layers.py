@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 
 # Each module's floor. A module may import its own floor and the ones below.
 FLOORS = {
-    "_errors": 0, "_log": 0, "_prototypes": 0, "_privileges": 0,
+    "_errors": 0, "_log": 0, "_prototypes": 0, "_privileges": 0, "_map_types": 0,
+    "_naming": 0,
     "_events": 1, "_options": 1, "_libbpf": 1, "_map_lock": 1, "_waiting.base": 1,
     # The seam (_source: the protocols and the segment types every format hands the
     # reader) sits on the formats' floor, under the sources that implement it.
@@ -22,7 +23,7 @@ FLOORS = {
     "_reader": 4,
     "_setup": 5, "_lifetime": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,
     "_waiting.epoll": 5,
-    "_stream": 6, "_sync": 6,
+    "_stream": 6, "_sync": 6, "_signals": 6,
     "__init__": 7, "abc": 7, "decoders": 7, "testing": 7,
     "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
 }

@@ -1,0 +1,48 @@
+"""The host's kernel clock against its wall clock, sent with every message.
+
+BPF programs stamp events with the kernel's boot-time clock
+(``bpf_ktime_get_boot_ns()``, CLOCK_BOOTTIME), which means nothing on another
+host: each host boots at its own time. So a sink sends, in a NATS header of each
+message, its host's wall clock minus CLOCK_BOOTTIME, and a reader can turn a
+host's kernel timestamps into wall-clock time (``FleetReader.boot_offset_ns``).
+CLOCK_BOOTTIME goes on during suspend, so one offset stays right across one; a
+step of the wall clock (settimeofday, NTP's first sync) is not followed until the
+sink is made again. ``bpf_ktime_get_ns()`` (CLOCK_MONOTONIC) stops during suspend:
+the offset fits it only on a host that never slept.
+"""
+
+from __future__ import annotations
+
+import time
+
+BOOT_OFFSET_HEADER = "Aperf-Boot-Offset-Ns"
+_MAX_DIGITS = 21  # a signed 64-bit nanosecond count, and its sign
+
+
+def boot_offset_ns(tries: int = 5) -> int | None:
+    """This host's wall clock minus CLOCK_BOOTTIME (ns), or None where there is none.
+
+    The narrowest of a few reads between two boot-time reads: one preempted read
+    (milliseconds, on a busy machine) would put every event that far off.
+    """
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:  # not Linux
+        return None
+    best_width, best = None, 0
+    for _ in range(tries):
+        before = time.clock_gettime_ns(boottime)
+        wall = time.time_ns()
+        after = time.clock_gettime_ns(boottime)
+        if best_width is None or after - before < best_width:
+            best_width, best = after - before, wall - (before + after) // 2
+    return best
+
+
+def parse_boot_offset(text: str | None) -> int | None:
+    """The header's value, or None if absent or not a plain integer (untrusted input)."""
+    if text is None or not 0 < len(text) <= _MAX_DIGITS:
+        return None
+    digits = text[1:] if text[0] == "-" else text
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(text)
