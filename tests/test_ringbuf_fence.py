@@ -1,0 +1,91 @@
+"""The ring buffer reader never strands a record (issue 22, the consumer-position fence).
+
+With ``wakeup="lowest-latency"`` there is no drain timer: a record is found only
+through the kernel's wakeup, which it sends when the record sits at the reader's
+``consumer_pos``. If the reader's last look at the ring could pass its store of
+``consumer_pos`` (x86 lets a load pass an earlier store), both sides could miss
+each other and the record would wait for the next one. A paced BPF producer
+(bpf/paced.bpf.c) writes one record at a time, spaced so that the reader catches
+up between them, thousands of times; after each run the test waits for every
+record, and counts the runs where one was late (found only by a flush).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+
+import anyio
+import pytest
+
+import aperf
+from aperf import _libbpf as lb
+
+from .conftest import BPF_DIR
+
+pytestmark = pytest.mark.usefixtures("kernel")
+CPUS = sorted(os.sched_getaffinity(0))
+SECONDS = 8.0
+RECORDS_PER_RUN = 40
+GAP_NS = 150_000  # longer than a wakeup-to-take cycle here: the reader catches up each time
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {})], indirect=True)
+async def test_no_record_waits_for_the_next_one(anyio_backend: object) -> None:
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs: the producer's and the reader's")
+    producer_cpu = CPUS[0]
+    with aperf.BPFObject(BPF_DIR / "paced.bpf.o") as obj:
+        obj.load()
+        prog, pace = obj.programs["paced"].fd, obj.maps["pace"]
+        seen: list[int] = []
+        lock = threading.Condition()
+        late = runs = 0
+
+        def run(count: int, first: int) -> None:
+            pace.update(struct.pack("<I", 0), struct.pack("<QQQ", count, GAP_NS, first))
+            assert lb.test_run_on_cpu(prog, producer_cpu) == 0
+
+        async with aperf.PerfStream(obj.maps["ringbuf"], wakeup="lowest-latency") as stream:
+
+            def produce() -> None:
+                nonlocal late, runs
+                os.sched_setaffinity(0, {producer_cpu})
+                sent = 0
+                end = time.monotonic() + SECONDS
+                while time.monotonic() < end:
+                    run(RECORDS_PER_RUN, sent)
+                    sent += RECORDS_PER_RUN
+                    runs += 1
+                    with lock:
+                        if lock.wait_for(lambda: len(seen) >= sent, 0.5):
+                            continue
+                    late += 1  # stranded: only a flush finds it
+                    anyio.from_thread.run_sync(stream.flush)
+                    with lock:
+                        assert lock.wait_for(lambda: len(seen) >= sent, 10), (len(seen), sent)
+
+            async def consume() -> None:
+                async for batch in stream.batches():
+                    got = [struct.unpack_from("<Q", s.data)[0] for s in batch]
+                    with lock:
+                        seen.extend(got)
+                        lock.notify_all()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                await anyio.to_thread.run_sync(produce)
+                tg.cancel_scope.cancel()
+            wakeups = stream.statistics().wakeups
+        written, no_room = (
+            struct.unpack("<Q", obj.maps["counters"].lookup(struct.pack("<I", i)))[0]
+            for i in range(2)
+        )
+    assert no_room == 0 and written == len(seen) == runs * RECORDS_PER_RUN
+    assert seen == list(range(written))  # every record once, in order
+    assert late == 0, f"{late} of {runs} runs left a record stranded ({wakeups} wakeups)"
+    assert wakeups >= runs  # the reader slept and was woken, over and over
+    print(f"{runs} runs, {written} records, {wakeups} wakeups, {late} late")
