@@ -32,6 +32,7 @@ from ._errors import ObjectError as ObjectError
 from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
 from ._errors import PinnedPathError as PinnedPathError
+from ._errors import RingFullError as RingFullError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import UnknownNameError as UnknownNameError
 from ._errors import VerifierError as VerifierError
@@ -55,6 +56,7 @@ from ._ringbuf_format import NO_CPU as NO_CPU
 from ._ringbuf_source import RingBufferSource as RingBufferSource
 from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
+from ._user_ringbuf import UserRingBuffer as UserRingBuffer
 
 __version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 
@@ -87,12 +89,14 @@ __all__ = [
     "PinnedPathError",
     "Program",
     "RingBufferSource",
+    "RingFullError",
     "RingSizeError",
     "Sample",
     "SampleArray",
     "StreamStatistics",
     "Tails",
     "UnknownNameError",
+    "UserRingBuffer",
     "VerifierError",
     "Wakeup",
     "decoders",

@@ -61,12 +61,12 @@ async def test_no_record_waits_for_the_next_one(anyio_backend: object) -> None:
                     sent += RECORDS_PER_RUN
                     runs += 1
                     with lock:
-                        if lock.wait_for(lambda: len(seen) >= sent, 0.5):
+                        if lock.wait_for(lambda: len(seen) >= sent, 0.5):  # noqa: B023
                             continue
                     late += 1  # stranded: only a flush finds it
                     anyio.from_thread.run_sync(stream.flush)
                     with lock:
-                        assert lock.wait_for(lambda: len(seen) >= sent, 10), (len(seen), sent)
+                        assert lock.wait_for(lambda: len(seen) >= sent, 10)  # noqa: B023
 
             async def consume() -> None:
                 async for batch in stream.batches():
