@@ -53,6 +53,12 @@ class Dll:
             ctypes.c_void_p,
         ]
         lib.bpf_map_create.restype = ctypes.c_int
+        if not hasattr(lib, "ebpf_perf_event_array_map_write"):
+            pytest.skip(
+                "this ebpfapi.dll no longer exports ebpf_perf_event_array_map_write "
+                "(deprecated in eBPF for Windows v1.5.0, #5354; removal planned, #5348): verify "
+                "with a BPF program that writes instead (docs/windows.md, step 4)"
+            )
         lib.ebpf_perf_event_array_map_write.argtypes = [
             ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
         ]
