@@ -96,6 +96,21 @@ def _run_length(memory: Any, at: int, step: int, count: int, word: int) -> int:
     return max(same, 1)
 
 
+class _CopyingView:
+    """A memoryview whose slices are copies (``bytes``), as an mmap's are."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+
+    def __getitem__(self, key: slice) -> bytes:
+        return self._view[key].tobytes()
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
 class RingBufferRing:
     """The one ring of a BPF ring buffer: takes committed records, frees their space at once.
 
@@ -106,6 +121,10 @@ class RingBufferRing:
     with records left, so that the reader is woken to come back for them;
     ``fence`` is the full barrier between the last store of ``consumer_pos`` and
     the last look at the ring (``full_fence``; tests swap it to count or remove it).
+    ``data``, if given, is the doubly mapped data area on its own (at
+    ``data_offset`` in it), where the producer page is mapped apart from it
+    (eBPF for Windows hands out the two pages and the data as three pointers).
+    Slices of the memory are copies: an mmap's are; a memoryview is read through copies.
     """
 
     __slots__ = (
@@ -124,20 +143,22 @@ class RingBufferRing:
         lost: Callable[[], int] | None = None,
         more: Callable[[], None] | None = None,
         fence: Callable[[], None] = full_fence,
+        data: Any = None,
     ) -> None:
         if size <= 0 or size & (size - 1) or size % 8:
             raise ValueError(f"ring buffer size {size} is not a power of two of at least 8")
-        if len(producer) < data_offset + 2 * size or data_offset % 8:
-            raise ValueError("the producer mapping must hold the data area twice, 8-aligned")
+        memory = producer if data is None else data
+        if len(memory) < data_offset + 2 * size or data_offset % 8:
+            raise ValueError("the data mapping must hold the data area twice, 8-aligned")
         self.key = NO_CPU
         self.handle = handle
         self.size = size
         self._mask = size - 1
         self._offset = data_offset
-        self._memory = producer  # slicing it copies (bytes); strided slices read headers
-        view = memoryview(producer)
-        self._producer = view[:8].cast("Q")
-        self._words = view.cast("I")
+        # Slicing it copies (bytes); strided slices read headers.
+        self._memory = _CopyingView(memory) if isinstance(memory, memoryview) else memory
+        self._producer = memoryview(producer)[:8].cast("Q")
+        self._words = memoryview(memory).cast("I")
         self._consumer = memoryview(consumer)[:8].cast("Q")
         self._lost = lost
         self._more = more

@@ -151,7 +151,7 @@ def test_stream_delivers_or_counts_every_sample(dll: Dll, perf_fd: int, loop_nam
         seqs: dict[int, list[int]] = {cpu: [] for cpu in dll.cpus}
         lost: dict[int, int] = dict.fromkeys(dll.cpus, 0)
         async with aperf.PerfStream(perf_fd, decoder=SEQ) as stream:
-            assert isinstance(stream._options.source, WindowsPerfSource)
+            assert isinstance(stream._options.source._chosen, WindowsPerfSource)  # by map type
             proactor = hasattr(asyncio.get_running_loop(), "_proactor")
             binding = ProactorHandleBinding if proactor else ThreadedHandleBinding
             assert isinstance(stream._loop, binding)
