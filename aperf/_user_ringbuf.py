@@ -399,7 +399,8 @@ class UserRingBuffer:
 
         Senders are served in the order they came. At ``timeout`` seconds
         ``RingFullError`` (a ``TimeoutError``) is raised and nothing was sent;
-        cancelling the wait sends nothing either.
+        cancelling the wait sends nothing either, and ``close()`` (from the loop's
+        thread) ends it with ``ClosedResourceError``.
         """
         data = self._message(value)
         if self._lock is None:
@@ -416,7 +417,11 @@ class UserRingBuffer:
                         ring.acknowledge()  # before trying: a drain after it wakes us
                         if self._try_send(data):
                             return
-                        await anyio.wait_readable(ring.epoll.fileno())
+                        try:
+                            await anyio.wait_readable(ring.epoll.fileno())
+                        except anyio.ClosedResourceError:
+                            self._writer()  # closed meanwhile: aperf's error says so
+                            raise
         except TimeoutError as exc:
             if isinstance(exc, RingFullError):
                 raise

@@ -159,6 +159,40 @@ async def test_waiting_senders_go_in_the_order_they_came(echo: Echo) -> None:
     assert got[-3:] == order
 
 
+async def test_a_cancelled_or_closed_wait_sends_nothing(echo: Echo) -> None:
+    urb = aperf.UserRingBuffer(echo.map)
+    try:
+        while urb.free_bytes() >= 8 + 300:
+            urb.send_nowait(b"f" * 300)
+        queued = echo.drain()
+        assert queued > 0 and echo.echoed(queued)
+        while urb.free_bytes() >= 8 + 300:
+            urb.send_nowait(b"f" * 300)
+        free = urb.free_bytes()
+        with anyio.move_on_after(0.2) as scope:
+            await urb.send(b"never" * 60)
+        assert scope.cancelled_caught and urb.free_bytes() == free  # nothing reserved
+
+        failed: list[BaseException] = []
+
+        async def waiting() -> None:
+            try:
+                await urb.send(b"closed" * 50)
+            except aperf.ClosedResourceError as exc:
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiting)
+            await anyio.sleep(0.1)  # it waits for room
+            urb.close()
+        assert len(failed) == 1 and "closed" in str(failed[0])
+    finally:
+        urb.close()
+    filled = echo.drain()  # what was full before: the close discarded nothing sent
+    got = echo.echoed(filled)
+    assert len(got) == filled and set(got) == {b"f" * 300}
+
+
 def test_reserve_submit_discard(echo: Echo) -> None:
     with aperf.UserRingBuffer(echo.map) as urb:
         first = urb.reserve(5)
