@@ -7,7 +7,10 @@ through the kernel's wakeup, which it sends when the record sits at the reader's
 each other and the record would wait for the next one. A paced BPF producer
 (bpf/paced.bpf.c) writes one record at a time, spaced so that the reader catches
 up between them, thousands of times; after each run the test waits for every
-record, and counts the runs where one was late (found only by a flush).
+record, and counts the runs where one was stranded (still missing 5 s later, with
+the producer idle: found only by a flush). Without the fence it found none on this
+project's VMs either (the window is too narrow to hit from here, docs/ringbuf.md);
+the unit tests of _ringbuf_format model the race exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ CPUS = sorted(os.sched_getaffinity(0))
 SECONDS = 8.0
 RECORDS_PER_RUN = 40
 GAP_NS = 150_000  # longer than a wakeup-to-take cycle here: the reader catches up each time
+STRANDED_AFTER = 5.0  # seconds without the run's last records: they wait for a record to come
 
 
 @pytest.mark.anyio
@@ -61,7 +65,9 @@ async def test_no_record_waits_for_the_next_one(anyio_backend: object) -> None:
                     sent += RECORDS_PER_RUN
                     runs += 1
                     with lock:
-                        if lock.wait_for(lambda: len(seen) >= sent, 0.5):  # noqa: B023
+                        # A host that stalls a vCPU delays a wakeup, never loses one: a
+                        # stranded record stays stranded (the producer is idle now).
+                        if lock.wait_for(lambda: len(seen) >= sent, STRANDED_AFTER):  # noqa: B023
                             continue
                     late += 1  # stranded: only a flush finds it
                     anyio.from_thread.run_sync(stream.flush)
@@ -88,4 +94,3 @@ async def test_no_record_waits_for_the_next_one(anyio_backend: object) -> None:
     assert seen == list(range(written))  # every record once, in order
     assert late == 0, f"{late} of {runs} runs left a record stranded ({wakeups} wakeups)"
     assert wakeups >= runs  # the reader slept and was woken, over and over
-    print(f"{runs} runs, {written} records, {wakeups} wakeups, {late} late")
