@@ -3,9 +3,11 @@
  * into the BPF_MAP_TYPE_USER_RINGBUF "to_bpf" and echoes every message, byte for
  * byte, into the BPF ring buffer "echo" that aperf reads back.
  *
- * Not attached anywhere: user space runs "drain" with bpf_prog_test_run_opts().
+ * "drain" is not attached anywhere: user space runs it with bpf_prog_test_run_opts().
+ * "drain_on_getpid" drains the same way on every getpid() of the process whose
+ * tgid is target_tgid (set before load), for programs that attach it.
  * One run calls bpf_user_ringbuf_drain() once; it hands the callback every
- * submitted message in order (up to MAX_DRAIN) and frees their space.
+ * submitted message in order and frees their space.
  *
  * counters: [0] += messages drained (the helper's return values),
  *           [1] += messages that could not be echoed (no room, or too big),
@@ -19,7 +21,8 @@
 char LICENSE[] SEC("license") = "GPL";
 
 #define MAX_MESSAGE 1024 /* echoed whole: larger messages are counted, not echoed */
-#define MAX_DRAIN 4096
+
+const volatile __u32 target_tgid = 0;
 
 extern __u32 bpf_dynptr_size(const struct bpf_dynptr *ptr) __ksym;
 
@@ -80,8 +83,7 @@ static long echo_one(struct bpf_dynptr *message, void *ctx)
 	return 0; /* go on with the next message */
 }
 
-SEC("raw_tp")
-int drain(void *ctx)
+static void drain_once(void)
 {
 	long got = bpf_user_ringbuf_drain(&to_bpf, echo_one, NULL, 0);
 	__u32 key = 2;
@@ -92,5 +94,19 @@ int drain(void *ctx)
 	if (got > 0)
 		add(0, got);
 	add(3, 1);
+}
+
+SEC("raw_tp")
+int drain(void *ctx)
+{
+	drain_once();
+	return 0;
+}
+
+SEC("tp/syscalls/sys_enter_getpid")
+int drain_on_getpid(void *ctx)
+{
+	if ((__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid)
+		drain_once();
 	return 0;
 }
