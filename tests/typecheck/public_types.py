@@ -40,3 +40,14 @@ def sync() -> None:
     buffer = aperf.PerfBuffer(FakeRingSource(), decoder=decode, on_sample=on_sample)
     assert_type(buffer, aperf.PerfBuffer[int])
     assert_type(buffer.poll(10), int)
+
+
+async def user_ring_buffer(fd: int) -> None:
+    with aperf.UserRingBuffer(fd, encoder=struct.Struct("<QI")) as urb:
+        view = urb.reserve(8)
+        assert_type(view, memoryview)
+        urb.submit(view)
+        urb.send_nowait((1, 2))
+        await urb.send((1, 2), timeout=0.5)
+        assert_type(urb.free_bytes(), int)
+        assert_type(urb.encode((1, 2)), bytes)
