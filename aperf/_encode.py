@@ -58,6 +58,18 @@ class _Writer:
 
     def __init__(self, order: str) -> None:
         self.order = order
+        # Each record's fields, worked out once (the layout lives as long as the encoder).
+        self._fields: dict[int, tuple[RecordType, list[tuple[str, int, CType]],
+                                      dict[str, tuple[int, CType]]]] = {}
+
+    def fields(self, t: RecordType) -> tuple[list[tuple[str, int, CType]],
+                                             dict[str, tuple[int, CType]]]:
+        known = self._fields.get(id(t))
+        if known is None or known[0] is not t:
+            fields = record_fields(t)
+            known = (t, fields, {name: (offset, ftype) for name, offset, ftype in fields})
+            self._fields[id(t)] = known
+        return known[1], known[2]
 
     def value(self, buf: bytearray, at: int, t: CType, value: Any, where: str) -> None:
         code = _number_code(t)
@@ -108,9 +120,8 @@ class _Writer:
 
     def record(self, buf: bytearray, at: int, t: RecordType, value: Any, where: str, *,
                tail: bool = False) -> None:
-        fields = record_fields(t)
+        fields, named = self.fields(t)
         if isinstance(value, Mapping):
-            named = {name: (offset, ftype) for name, offset, ftype in fields}
             unknown = sorted(set(value) - set(named))
             if unknown:
                 raise _bad(where, f"has no fields {unknown}; it has {list(named)}")
@@ -137,7 +148,7 @@ class _Writer:
             return
         if isinstance(value, Mapping) and len(value) != 1:
             raise _bad(where, "is a union: give its bytes, or a mapping that sets one member")
-        self.record(buf, at, RecordType(t.name, False, t.size, t.members), value, where)
+        self.record(buf, at, t, value, where)  # its members, written in order
 
 
 def from_layout(layout: RecordType, name: str, order: str = "<") -> Encoder:
