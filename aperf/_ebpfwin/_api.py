@@ -209,7 +209,7 @@ def _never_called(ctx: int | None, data: int | None, size: int) -> int:
 
 class SyncRingBuffer:
     """``ring_buffer__new(map_fd, ...)`` in synchronous mode: the ring's mapped memory
-    and the manual-reset wait handle that every output signals.
+    and the manual-reset wait handle its producer signals.
 
     ``consumer`` (the consumer page, read-write, ``u64 consumer_offset``),
     ``producer`` (the producer page, ``u64 producer_offset``) and ``data`` (the

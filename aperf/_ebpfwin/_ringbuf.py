@@ -4,9 +4,10 @@ eBPF for Windows maps a ``BPF_MAP_TYPE_RINGBUF`` (13 there) into the reader's
 process since v1.1: ``ring_buffer__new`` in synchronous mode, then
 ``ebpf_ring_buffer_get_buffer`` gives the consumer page (read-write), the
 producer page and the data area mapped twice, and
-``ebpf_ring_buffer_get_wait_handle`` one manual-reset event that every output
-signals. Offsets only grow and records are laid out as on Linux (an 8-byte
-header with the lock and discard bits, the data padded to 8), so the ring is
+``ebpf_ring_buffer_get_wait_handle`` one manual-reset event that the producer
+signals after a record whenever the ring is not empty. Offsets only grow and
+records are laid out as on Linux (an 8-byte header with the lock and discard
+bits, the data padded to 8), so the ring is
 read with aperf's own ring buffer code (``_ringbuf_format.RingBufferRing``):
 committed records are copied out of the mapping in one slice and the space is
 released at once, with no callback per sample (the perf path pays one ctypes

@@ -38,11 +38,11 @@
  *     twice, as three pointers, with its size (EBPF_OBJECT_NOT_FOUND for an index past the
  *     one map; EBPF_INVALID_ARGUMENT in the callback mode aperf does not use);
  *     ebpf_ring_buffer_get_wait_handle the event. Offsets grow for ever (a record sits at
- *     offset % size); records are laid out as the perf rings' and as Linux's. Every output
- *     signals the event (ebpf_ring_buffer_map_output completes the map's async query on each
- *     record); a full ring fails the output with nothing counted (the kernel keeps no lost
- *     count for ring buffers). ring_buffer__free clears the map's wait handle, unmaps and
- *     closes the event.
+ *     offset % size); records are laid out as the perf rings' and as Linux's. A submit
+ *     signals the event when the ring is not empty afterwards (libs/runtime/ebpf_ring_buffer.c,
+ *     _ring_buffer_notify_consumer); a full ring fails the output with nothing counted (the
+ *     kernel keeps no lost count for ring buffers). ring_buffer__free clears the map's wait
+ *     handle, unmaps and closes the event.
  *
  * Test-only exports start with fake_: create maps, output samples as a BPF program
  * would (on a given CPU), pin, and count misuse (a handle closed while a thread waits
@@ -743,8 +743,9 @@ int fake_ringbuf_commit(int fd, uint64_t offset, const void *data, uint32_t leng
     __atomic_store_n((uint32_t *)(r->data + at), word, __ATOMIC_RELEASE);
     pthread_mutex_lock(&r->producer);
     HANDLE wait_handle = r->wait_handle;
-    if (wait_handle)
-        SetEvent(wait_handle);
+    uint64_t producer = __atomic_load_n(&r->producer_offset, __ATOMIC_ACQUIRE);
+    if (wait_handle && producer != __atomic_load_n(&r->consumer_offset, __ATOMIC_ACQUIRE))
+        SetEvent(wait_handle); /* _ring_buffer_notify_consumer: "ring might not be empty" */
     pthread_mutex_unlock(&r->producer);
     map_unref(m);
     return 0;

@@ -85,7 +85,7 @@ def test_a_locked_record_stops_the_take_and_discarded_ones_are_skipped(
     assert discarded == 1
 
 
-def test_the_wait_handle_is_signalled_per_output_and_reset_by_acknowledge(
+def test_the_wait_handle_is_signalled_by_outputs_and_reset_by_acknowledge(
     fake: FakeEbpf, ringbuf_map: int, opened: tuple[WindowsRingBufferSource, Any],
 ) -> None:
     source, ring = opened
