@@ -6,14 +6,15 @@ layout, bottom up (nothing imports upward):
 - ``_errors``, ``_events``, ``_options``: the vocabulary (errors, events, settings)
 - ``_libbpf/``: the only package that speaks ctypes (libbpf's prototypes)
 - ``_object``, ``_btf``: BPF objects, and everything read from BTF
-- ``_perf_format``, ``_ringbuf_format``, ``_decode``: sans-I/O ring arithmetic and
-  records (perf rings, BPF ring buffers), decoders
+- ``_perf_format``, ``_ringbuf_format``, ``_decode``, ``_encode``: sans-I/O ring
+  arithmetic and records (perf rings, BPF ring buffers), decoders and their inverse
 - ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays),
   ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
   (``aperf.testing.FakeRingSource``) implement it
 - ``_reader``: the one reading policy (queue, drain clock, dispatch, backpressure)
 - ``_setup``, ``_loops`` (asyncio, uvloop), ``_trio``, ``_stream``, ``_sync``: the drivers
   (async, sync) that only wait
+- ``_user_ringbuf``: ``UserRingBuffer``, the other direction (user space to BPF)
 """
 
 from . import decoders as decoders
