@@ -11,7 +11,7 @@ import aperf
 from aperf._decode import from_ctypes as decoder_of
 from aperf._encode import from_ctypes, from_struct, raw_bytes
 from aperf._ringbuf_format import BUSY_BIT, DISCARD_BIT
-from aperf._user_ringbuf import UserRingWriter, record_step
+from aperf._user_ringbuf_format import UserRingWriter, record_step
 
 
 class Inner(ctypes.Structure):

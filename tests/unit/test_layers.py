@@ -13,7 +13,7 @@ FLOORS = {
     "_errors": 0, "_log": 0, "_prototypes": 0,
     "_events": 1, "_options": 1, "_libbpf": 1, "_lifetime": 1,
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
-    "_layout": 2, "_encode": 2,
+    "_layout": 2, "_encode": 2, "_user_ringbuf_format": 2,
     "_source": 3, "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
     "_ebpfwin": 3, "_columnar": 3,
     "_reader": 4,
