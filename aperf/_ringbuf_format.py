@@ -58,18 +58,18 @@ def full_fence() -> None:
     only if the record sits there. x86's TSO lets a load pass an earlier store to
     another address (the store waits in the store buffer), so without a fence
     both sides can read the old values: the reader sees no record, the kernel
-    sees a reader that has not caught up, and nobody wakes the reader until the
-    next record or drain tick (aya fixed the same pattern, commit 7277a57e).
+    sees a reader that has not caught up, and nobody wakes the reader (nor do the
+    records after it, none of which sits at its position) until a drain tick or a
+    forced wakeup (aya fixed the same pattern, commit 7277a57e).
 
     Python has no fence, but taking and releasing an uncontended lock executes
     locked read-modify-write instructions, and a locked instruction is a full
     barrier on x86 (Intel SDM vol. 3, 9.2.2: loads and stores are not reordered
-    with locked instructions): CPython 3.10-3.12 implements ``threading.Lock``
-    with POSIX semaphores (glibc's and musl's ``sem_trywait``/``sem_post`` do
-    ``lock cmpxchg``/``lock xadd``; POSIX lists both among the functions that
-    synchronize memory), CPython 3.13+ with ``PyMutex`` (``lock cmpxchg``). It
-    costs about 0.1 us here, once per take that moved ``consumer_pos``
-    (bench/fence.py measures it).
+    with locked instructions): CPython 3.10-3.12 builds ``threading.Lock`` on POSIX
+    semaphores where ``sem_timedwait`` exists (glibc 2.36's ``sem_trywait`` and
+    ``sem_post`` each do a ``lock cmpxchg``), CPython 3.13+ on ``PyMutex`` (a
+    ``lock cmpxchg`` too). It costs 3 to 5 empty Python calls, once per take that
+    moved ``consumer_pos`` (bench/fence.py measures it; docs/ringbuf.md).
     """
     _FENCE_LOCK.acquire()
     _FENCE_LOCK.release()

@@ -4,7 +4,8 @@ With ``wakeup="lowest-latency"`` there is no drain timer: a record is found only
 through the kernel's wakeup, which it sends when the record sits at the reader's
 ``consumer_pos``. If the reader's last look at the ring could pass its store of
 ``consumer_pos`` (x86 lets a load pass an earlier store), both sides could miss
-each other and the record would wait for the next one. A paced BPF producer
+each other, and the record (and every one after it) would wait for a forced
+wakeup that never comes. A paced BPF producer
 (bpf/paced.bpf.c) writes one record at a time, spaced so that the reader catches
 up between them, thousands of times; after each run the test waits for every
 record, and counts the runs where one was stranded (still missing 5 s later, with
