@@ -17,6 +17,7 @@ the unit tests of _ringbuf_format model the race exactly.
 from __future__ import annotations
 
 import os
+import select
 import struct
 import threading
 import time
@@ -26,6 +27,8 @@ import pytest
 
 import aperf
 from aperf import _libbpf as lb
+from aperf._options import Wakeup
+from aperf._source import RingConfig
 
 from .conftest import BPF_DIR
 
@@ -95,3 +98,54 @@ async def test_no_record_waits_for_the_next_one(anyio_backend: object) -> None:
     assert seen == list(range(written))  # every record once, in order
     assert late == 0, f"{late} of {runs} runs left a record stranded ({wakeups} wakeups)"
     assert wakeups >= runs  # the reader slept and was woken, over and over
+
+
+def test_a_tight_take_and_sleep_loop_never_strands_a_record() -> None:
+    """The same check without an event loop, so that the reader sleeps and wakes several
+    times more often: the source's own take, readiness handle and acknowledge."""
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs: the producer's and the reader's")
+    producer_cpu, reader_cpu = CPUS[0], CPUS[-1]
+    saved = os.sched_getaffinity(0)
+    with aperf.BPFObject(BPF_DIR / "paced.bpf.o") as obj:
+        obj.load()
+        prog, pace = obj.programs["paced"].fd, obj.maps["pace"]
+        source = aperf.RingBufferSource(obj.maps["ringbuf"])
+        (ring,) = source.open(RingConfig(None, Wakeup.per_sample()))
+        done = threading.Event()
+        sent = [0]
+
+        def produce() -> None:
+            os.sched_setaffinity(0, {producer_cpu})
+            end = time.monotonic() + SECONDS
+            while time.monotonic() < end:
+                pace.update(struct.pack("<I", 0), struct.pack("<QQQ", 2000, 5_000, sent[0]))
+                assert lb.test_run_on_cpu(prog, producer_cpu) == 0
+                sent[0] += 2000
+            done.set()
+
+        got = sleeps = delayed = stranded = 0
+        waiter = select.poll()
+        waiter.register(ring.handle, select.POLLIN)
+        thread = threading.Thread(target=produce)
+        os.sched_setaffinity(0, {reader_cpu})
+        try:
+            thread.start()
+            while not done.is_set() or ring.pending_bytes():
+                source.acknowledge(ring.handle)
+                got += len(ring.take()) // 24  # 16-byte records: 24 bytes with the header
+                if ring.pending_bytes():
+                    continue
+                sleeps += 1
+                if waiter.poll(50) or not ring.pending_bytes():
+                    continue
+                delayed += 1  # records, and no wakeup for 50 ms: late, or stranded?
+                if not waiter.poll(int(STRANDED_AFTER * 1000)):
+                    stranded += 1
+            thread.join()
+        finally:
+            os.sched_setaffinity(0, saved)
+            source.free()
+    assert got == sent[0] > 0
+    assert stranded == 0, f"{stranded} stranded of {sleeps} sleeps ({delayed} late > 50 ms)"
+    assert sleeps > 100  # the reader caught up and slept, over and over
