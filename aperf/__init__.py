@@ -6,8 +6,8 @@ layout, bottom up (nothing imports upward):
 - ``_errors``, ``_events``, ``_options``: the vocabulary (errors, events, settings)
 - ``_libbpf/``: the only package that speaks ctypes (libbpf's prototypes)
 - ``_object``, ``_btf``: BPF objects, and everything read from BTF
-- ``_perf_format``, ``_ringbuf_format``, ``_decode``: sans-I/O ring arithmetic and
-  records (perf rings, BPF ring buffers), decoders
+- ``_perf_format``, ``_ringbuf_format``, ``_decode``, ``_encode``: sans-I/O ring
+  arithmetic and records (perf rings, BPF ring buffers), decoders and their inverse
 - ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays),
   ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
   (``aperf.testing.FakeRingSource``) implement it
@@ -17,6 +17,7 @@ layout, bottom up (nothing imports upward):
 - ``_setup``, ``_lifetime``, ``_waiting/`` (how to wait: asyncio, uvloop, trio, epoll),
   ``_stream``, ``_sync``: the drivers (async, sync) that only wait; ``_signals``: closing
   them on SIGINT/SIGTERM on any loop
+- ``_user_ringbuf``: ``UserRingBuffer``, the other direction (user space to BPF)
 """
 
 from . import abc as abc
@@ -36,6 +37,7 @@ from ._errors import ObjectError as ObjectError
 from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
 from ._errors import PinnedPathError as PinnedPathError
+from ._errors import RingFullError as RingFullError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import TakenOverError as TakenOverError
 from ._errors import UnknownNameError as UnknownNameError
@@ -63,6 +65,7 @@ from ._signals import SignalCloser as SignalCloser
 from ._signals import closing_on_signals as closing_on_signals
 from ._stream import PerfStream as PerfStream
 from ._sync import PerfBuffer as PerfBuffer
+from ._user_ringbuf import UserRingBuffer as UserRingBuffer
 
 __version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 
@@ -95,6 +98,7 @@ __all__ = [
     "PinnedPathError",
     "Program",
     "RingBufferSource",
+    "RingFullError",
     "RingSizeError",
     "Sample",
     "SampleArray",
@@ -103,6 +107,7 @@ __all__ = [
     "Tails",
     "TakenOverError",
     "UnknownNameError",
+    "UserRingBuffer",
     "VerifierError",
     "Wakeup",
     "abc",

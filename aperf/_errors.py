@@ -270,3 +270,11 @@ class DecodeError(AperfError, ValueError):
         self.cpu = cpu
         self.data = data
         self.reason = reason
+
+
+class RingFullError(AperfError, TimeoutError):
+    """A user ring buffer had no room for a message (at once, or within the timeout).
+
+    Nothing of the message was written. A ``TimeoutError``: ``except TimeoutError``
+    catches a timed-out [`UserRingBuffer.send`][aperf.UserRingBuffer.send].
+    """

@@ -18,14 +18,17 @@ records out, then writes the new ``consumer_pos``, which frees their space.
 
 Nothing here knows about fds or mmap: a ``RingBufferRing`` works on any
 buffer with the mapping's layout (the mmapped map, or a bytearray in tests).
-On x86-64 (TSO) plain loads and stores give the ordering the protocol needs:
-``producer_pos`` and the headers are read before the records they cover, and
-``consumer_pos`` is written after the copy (as the perf ring reader relies on).
+On x86-64 (TSO) plain loads and stores give most of the ordering the protocol
+needs: ``producer_pos`` and the headers are read before the records they cover,
+and ``consumer_pos`` is written after the copy (as the perf ring reader relies
+on). The one exception is the last look before the reader sleeps, see
+``full_fence``.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,35 @@ NO_CPU = -1
 
 _WORD = struct.Struct("<I")
 _HEADER = struct.Struct("<II")
+
+
+_FENCE_LOCK = threading.Lock()
+
+
+def full_fence() -> None:
+    """A full memory barrier on x86-64: no later load moves before an earlier store.
+
+    The reader stores ``consumer_pos``, then loads ``producer_pos`` and the next
+    header to decide whether to sleep. The kernel commits a record (``xchg`` of
+    its header, a full barrier), then loads ``consumer_pos`` and wakes the reader
+    only if the record sits there. x86's TSO lets a load pass an earlier store to
+    another address (the store waits in the store buffer), so without a fence
+    both sides can read the old values: the reader sees no record, the kernel
+    sees a reader that has not caught up, and nobody wakes the reader (nor do the
+    records after it, none of which sits at its position) until a drain tick or a
+    forced wakeup (aya fixed the same pattern, commit 7277a57e).
+
+    Python has no fence, but taking and releasing an uncontended lock executes
+    locked read-modify-write instructions, and a locked instruction is a full
+    barrier on x86 (Intel SDM vol. 3, 9.2.2: loads and stores are not reordered
+    with locked instructions): CPython 3.10-3.12 builds ``threading.Lock`` on POSIX
+    semaphores where ``sem_timedwait`` exists (glibc 2.36's ``sem_trywait`` and
+    ``sem_post`` each do a ``lock cmpxchg``), CPython 3.13+ on ``PyMutex`` (a
+    ``lock cmpxchg`` too). It costs 3 to 5 empty Python calls, once per take that
+    moved ``consumer_pos`` (bench/fence.py measures it; docs/ringbuf.md).
+    """
+    _FENCE_LOCK.acquire()
+    _FENCE_LOCK.release()
 
 
 def record_step(word: int) -> int:
@@ -64,6 +96,21 @@ def _run_length(memory: Any, at: int, step: int, count: int, word: int) -> int:
     return max(same, 1)
 
 
+class _CopyingView:
+    """A memoryview whose slices are copies (``bytes``), as an mmap's are."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+
+    def __getitem__(self, key: slice) -> bytes:
+        return self._view[key].tobytes()
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
 class RingBufferRing:
     """The one ring of a BPF ring buffer: takes committed records, frees their space at once.
 
@@ -71,12 +118,18 @@ class RingBufferRing:
     followed by the doubly mapped data area (``size`` bytes, twice) at
     ``data_offset``. ``lost`` is the producer's own count of failed outputs, if
     it keeps one (the kernel keeps none); ``more`` is called when a take stops
-    with records left, so that the reader is woken to come back for them.
+    with records left, so that the reader is woken to come back for them;
+    ``fence`` is the full barrier between the last store of ``consumer_pos`` and
+    the last look at the ring (``full_fence``; tests swap it to count or remove it).
+    ``data``, if given, is the doubly mapped data area on its own (at
+    ``data_offset`` in it), where the producer page is mapped apart from it
+    (eBPF for Windows hands out the two pages and the data as three pointers).
+    Slices of the memory are copies: an mmap's are; a memoryview is read through copies.
     """
 
     __slots__ = (
-        "_consumer", "_lost", "_mask", "_memory", "_more", "_offset", "_producer", "_words",
-        "handle", "key", "size",
+        "_consumer", "_fence", "_lost", "_mask", "_memory", "_more", "_offset", "_producer",
+        "_words", "handle", "key", "size",
     )
 
     def __init__(
@@ -89,23 +142,27 @@ class RingBufferRing:
         *,
         lost: Callable[[], int] | None = None,
         more: Callable[[], None] | None = None,
+        fence: Callable[[], None] = full_fence,
+        data: Any = None,
     ) -> None:
         if size <= 0 or size & (size - 1) or size % 8:
             raise ValueError(f"ring buffer size {size} is not a power of two of at least 8")
-        if len(producer) < data_offset + 2 * size or data_offset % 8:
-            raise ValueError("the producer mapping must hold the data area twice, 8-aligned")
+        memory = producer if data is None else data
+        if len(memory) < data_offset + 2 * size or data_offset % 8:
+            raise ValueError("the data mapping must hold the data area twice, 8-aligned")
         self.key = NO_CPU
         self.handle = handle
         self.size = size
         self._mask = size - 1
         self._offset = data_offset
-        self._memory = producer  # slicing it copies (bytes); strided slices read headers
-        view = memoryview(producer)
-        self._producer = view[:8].cast("Q")
-        self._words = view.cast("I")
+        # Slicing it copies (bytes); strided slices read headers.
+        self._memory = _CopyingView(memory) if isinstance(memory, memoryview) else memory
+        self._producer = memoryview(producer)[:8].cast("Q")
+        self._words = memoryview(memory).cast("I")
         self._consumer = memoryview(consumer)[:8].cast("Q")
         self._lost = lost
         self._more = more
+        self._fence = fence
 
     def _check_open(self) -> None:
         if self._memory is None:
@@ -143,11 +200,16 @@ class RingBufferRing:
         cons = consumer[0]
         parts: list[bytes] = []
         taken = 0
+        fenced = True  # until we store consumer_pos, the last take's fence holds
         while True:
             prod = producer[0]  # before the headers and records below it
             avail = prod - cons
             if avail == 0:
-                break
+                if fenced:
+                    break
+                self._fence()  # then look once more (full_fence says why)
+                fenced = True
+                continue
             if avail < 0 or avail > size:
                 raise BrokenRingError(
                     NO_CPU,
@@ -155,17 +217,23 @@ class RingBufferRing:
                     f"in a {size}-byte ring",
                 )
             end = self._committed_end(cons, prod)
-            if end == cons:
-                break
+            if end == cons:  # reserved, not committed: its commit wakes us if it sees cons
+                if fenced:
+                    break
+                self._fence()
+                fenced = True
+                continue
             start = offset + (cons & mask)
             parts.append(memory[start : start + (end - cons)])  # one run: mapped twice
             taken += end - cons
             cons = end
             consumer[0] = cons  # after the copy: the producer may reuse the space now
+            fenced = False
             # Look again: a record committed while we copied woke nobody (the kernel
             # wakes only for a record at the consumer position). But a producer as
             # fast as we are would keep us here: after a ring's worth, come back later.
             if taken >= size:
+                self._fence()
                 if producer[0] != cons and self._more is not None:
                     self._more()
                 break

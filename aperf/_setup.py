@@ -56,7 +56,7 @@ def is_ring_source(value: object) -> bool:
 def resolve_source(spec: object) -> RingSource:
     """A ring source from what the user passed: a source itself, or a map, by its type:
     a BPF ring buffer, or a perf event array (of eBPF for Windows on Windows, else of
-    the Linux kernel, whose open says what is wrong with anything else)."""
+    the Linux kernel), whose open says what is wrong with anything else."""
     missing = missing_members(spec)
     if not missing:
         return spec  # type: ignore[return-value]
@@ -70,9 +70,9 @@ def resolve_source(spec: object) -> RingSource:
             f"{', '.join(missing)} (see aperf.abc.RingSource)"
         )
     if sys.platform == "win32":
-        from ._ebpfwin import WindowsPerfSource
+        from ._ebpfwin import WindowsMapSource
 
-        return WindowsPerfSource(spec)  # type: ignore[arg-type]  # it checks the type itself
+        return WindowsMapSource(spec)  # type: ignore[arg-type, return-value]  # by type, at open
     source = check_map_source(spec)
     if map_type_of(source) == BPF_MAP_TYPE_RINGBUF:
         return RingBufferSource(source)

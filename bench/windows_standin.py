@@ -5,7 +5,9 @@
 Builds tests/windows/fake_ebpfapi.c with gcc, fills one 16 MiB ring with N
 24-byte samples, then times (1) ``take()``: ``perf_buffer__consume_buffer`` with
 its ctypes callbacks copying each sample, and aperf's framing; (2) the record
-split; (3) ``PerfBuffer.consume()`` end to end with a counting callback. This
+split; (3) ``PerfBuffer.consume()`` end to end with a counting callback. Then
+the same for a ring buffer map, read straight from its mapped memory
+(``WindowsRingBufferSource``: one copy of the committed span, no callback). This
 is aperf's Python side only: the stand-in's C is not eBPF for Windows, and
 nothing here ran on Windows. Figures only; no pass/fail.
 """
@@ -83,6 +85,44 @@ def run(library: Path, n: int, rounds: int) -> None:
             t4 = time.perf_counter()
         assert handled == count == n
         print(f"{index:5}  {(t1 - t0) / n * 1e9:16.0f}  {(t2 - t1) / n * 1e9:5.0f}  "
+              f"{(t4 - t3) / n * 1e9:20.0f}")
+    run_ringbuf(lib, n, rounds, on_sample)
+
+
+def run_ringbuf(lib: ctypes.CDLL, n: int, rounds: int, on_sample: object) -> None:
+    import aperf
+    from aperf._ebpfwin import WindowsRingBufferSource
+    from aperf._options import Wakeup
+    from aperf._ringbuf_format import RINGBUF_RECORDS
+    from aperf._source import RingConfig
+
+    lib.fake_ringbuf_output.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+    fd = lib.fake_map_create(13, 1 << 24, b"bench_rb")  # BPF_MAP_TYPE_RINGBUF on Windows
+
+    def fill() -> None:
+        for _ in range(n):
+            lib.fake_ringbuf_output(fd, PAYLOAD, len(PAYLOAD))
+
+    print("ring buffer, ns per sample:")
+    print("round  take(copy)  split  PerfBuffer.consume()")
+    for index in range(rounds):
+        source = WindowsRingBufferSource(fd)
+        (ring,) = source.open(RingConfig(None, Wakeup.per_sample()))
+        fill()
+        t0 = time.perf_counter()
+        span = ring.take()
+        t1 = time.perf_counter()
+        RINGBUF_RECORDS.split(-1, span)
+        t2 = time.perf_counter()
+        source.free()
+        with aperf.PerfBuffer(WindowsRingBufferSource(fd), on_sample=on_sample,
+                              wakeup="lowest-latency") as pb:
+            fill()
+            t3 = time.perf_counter()
+            handled = pb.consume()
+            t4 = time.perf_counter()
+        assert handled == n
+        print(f"{index:5}  {(t1 - t0) / n * 1e9:10.0f}  {(t2 - t1) / n * 1e9:5.0f}  "
               f"{(t4 - t3) / n * 1e9:20.0f}")
 
 

@@ -5,6 +5,9 @@ bytes in and out, no ctypes type leaves this module.
   default since ebpf-for-windows PR #4640), one ring per CPU, one manual-reset
   wait handle shared by every ring; records copied out in
   ``perf_buffer__consume_buffer``'s callbacks.
+- ``SyncRingBuffer``: ``ring_buffer__new`` in synchronous mode, its mapped
+  memory (``ebpf_ring_buffer_get_buffer``, eBPF for Windows v1.1+) and its one
+  manual-reset wait handle; records are read straight out of the memory.
 - ``Event``, ``wait_any()``, ``is_signalled()``, ``reset()``: the
   kernel32 event and wait calls the waiters need.
 - map fds: ``map_info()``, ``pinned_map_fd()``, ``duplicate_fd()``,
@@ -88,6 +91,10 @@ def is_signalled(handle: int) -> bool:
 
 def reset(handle: int) -> None:
     c.ResetEvent(handle)
+
+
+def signal(handle: int) -> None:
+    c.SetEvent(handle)
 
 
 class Event:
@@ -175,3 +182,81 @@ class SyncPerfBuffer:
         pb, self._pb = self._pb, 0
         if pb:
             c.perf_buffer__free(pb)
+
+
+# --- the synchronous ring buffer ----------------------------------------------------------
+
+
+_from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
+_from_memory.restype = ctypes.py_object
+_from_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PYBUF_READ, _PYBUF_WRITE = 0x100, 0x200
+
+
+def _memory(address: int, size: int, *, writable: bool) -> memoryview:
+    """A byte-format memoryview of mapped memory we do not own (ctypes arrays export
+    a "<c" format, which memoryview cannot cast to words)."""
+    view = _from_memory(address, size, _PYBUF_WRITE if writable else _PYBUF_READ)
+    assert isinstance(view, memoryview)
+    return view
+
+
+def _never_called(ctx: int | None, data: int | None, size: int) -> int:
+    """ring_buffer__new requires a sample callback; aperf never consumes through it."""
+    return -1  # were it called (ring_buffer__consume), it would stop at once
+
+
+class SyncRingBuffer:
+    """``ring_buffer__new(map_fd, ...)`` in synchronous mode: the ring's mapped memory
+    and the manual-reset wait handle its producer signals.
+
+    ``consumer`` (the consumer page, read-write, ``u64 consumer_offset``),
+    ``producer`` (the producer page, ``u64 producer_offset``) and ``data`` (the
+    data area, ``size`` bytes mapped twice in a row) are buffers over the mapping
+    whose slices are copies (``bytes``), as an mmap's are. They must all be dropped
+    (every view of them released) before ``free()``, which unmaps them.
+    """
+
+    def __init__(self, map_fd: int) -> None:
+        self.consumer: memoryview | None = None
+        self.producer: memoryview | None = None
+        self.data: memoryview | None = None
+        self._sample_fn = c.RING_SAMPLE_FN(_never_called)  # C holds it until free
+        self._rb = int(c.ring_buffer__new(map_fd, self._sample_fn, None, None))
+        try:
+            consumer, producer, data = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+            size = ctypes.c_uint64()
+            c.ebpf_ring_buffer_get_buffer(
+                self._rb, 0, ctypes.byref(consumer), ctypes.byref(producer),
+                ctypes.byref(data), ctypes.byref(size),
+            )
+            if not (consumer.value and producer.value and data.value and size.value):
+                raise LibbpfError(
+                    errno.EINVAL, "ebpf_ring_buffer_get_buffer", "the ring is not mapped"
+                )
+            self.size = int(size.value)
+            self.consumer = _memory(consumer.value, 8, writable=True)
+            self.producer = _memory(producer.value, 8, writable=False)
+            self.data = _memory(data.value, 2 * self.size, writable=False)
+            self.wait_handle = int(c.ebpf_ring_buffer_get_wait_handle(self._rb))
+            if self.wait_handle in (c.EBPF_HANDLE_INVALID, 0):
+                raise LibbpfError(
+                    errno.EINVAL, "ebpf_ring_buffer_get_wait_handle",
+                    "the ring buffer has no wait handle (it is not in synchronous mode)",
+                )
+        except BaseException:
+            self.free()
+            raise
+
+    def free(self) -> None:
+        """``ring_buffer__free``: unmaps the ring and closes the wait handle. Idempotent.
+
+        Raises BufferError, leaving everything mapped, if a view of the memory is still
+        exported (the views' owner releases them first)."""
+        for view in (self.consumer, self.producer, self.data):
+            if view is not None:
+                view.release()  # BufferError while exported: then nothing is unmapped
+        self.consumer = self.producer = self.data = None
+        rb, self._rb = self._rb, 0
+        if rb:
+            c.ring_buffer__free(rb)

@@ -271,6 +271,38 @@ ebpf_perf_buffer_get_wait_handle = plain_fn(
     "ebpf_perf_buffer_get_wait_handle", ebpf_handle_t, ctypes.c_void_p
 )
 
+# --- ebpfapi.dll: the synchronous ring buffer (mapped memory, one wait handle) ------------
+
+BPF_MAP_TYPE_RINGBUF = 13  # ebpf_structs.h; Linux's is 27
+
+# typedef int (*ring_buffer_sample_fn)(void* ctx, void* data, size_t size);
+RING_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+# struct ring_buffer* ring_buffer__new(int map_fd, ring_buffer_sample_fn sample_cb, void* ctx,
+#     const struct ring_buffer_opts* opts);  (synchronous unless opts ask for callbacks)
+ring_buffer__new = ptr_fn(
+    "ring_buffer__new", ctypes.c_int, RING_SAMPLE_FN, ctypes.c_void_p, ctypes.c_void_p
+)
+# void ring_buffer__free(struct ring_buffer* rb);
+ring_buffer__free = plain_fn("ring_buffer__free", None, ctypes.c_void_p)
+# ebpf_result_t ebpf_ring_buffer_get_buffer(struct ring_buffer* rb, uint32_t index,
+#     ebpf_ring_buffer_consumer_page_t** consumer_page,
+#     const ebpf_ring_buffer_producer_page_t** producer_page, const uint8_t** data,
+#     uint64_t* data_size);
+ebpf_ring_buffer_get_buffer = result_fn(
+    "ebpf_ring_buffer_get_buffer",
+    ctypes.c_void_p,
+    ctypes.c_uint32,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_uint64),
+)
+# ebpf_handle_t ebpf_ring_buffer_get_wait_handle(struct ring_buffer* rb);
+ebpf_ring_buffer_get_wait_handle = plain_fn(
+    "ebpf_ring_buffer_get_wait_handle", ebpf_handle_t, ctypes.c_void_p
+)
+
 # --- ebpfapi.dll: maps and fds ---------------------------------------------------------
 
 # int bpf_obj_get(const char* pathname);

@@ -117,6 +117,17 @@ def _uniform_to_end(span: bytes, pos: int, length: int) -> bool:
 WINDOWS_RECORDS = WindowsRecords()
 
 
+def own_map_fd(source: MapSpec) -> int:
+    """An ebpfapi fd of our own for the map the user named (closed with ``win.close_fd``)."""
+    if isinstance(source, Map):
+        if source.closed:
+            raise ClosedResourceError(f"map {source.name!r} belongs to a closed BPFObject")
+        return win.duplicate_fd(source.fd)
+    if isinstance(source, int):
+        return win.duplicate_fd(source)
+    return win.pinned_map_fd(os.fspath(source))
+
+
 class _WindowsRing:
     """One CPU's ring of a ``WindowsPerfSource`` (they all share one wait handle)."""
 
@@ -211,14 +222,7 @@ class WindowsPerfSource(MapBackedSource):
 
     def _resolve(self) -> int:
         """An fd of our own for the map (perf_buffer__free still uses it), closed by free()."""
-        source = self._spec
-        if isinstance(source, Map):
-            if source.closed:
-                raise ClosedResourceError(f"map {source.name!r} belongs to a closed BPFObject")
-            return win.duplicate_fd(source.fd)
-        if isinstance(source, int):
-            return win.duplicate_fd(source)
-        return win.pinned_map_fd(os.fspath(source))
+        return own_map_fd(self._spec)
 
     def _consume(self, index: int) -> list[win.Record]:
         with self._lock:

@@ -72,3 +72,14 @@ async def stopping() -> None:
         stop.add(asyncio.Event().set)  # a function to call instead of a close()
     with aperf.closing_on_signals(stream, signals=[signal.SIGUSR1]):
         pass
+
+
+async def user_ring_buffer(fd: int) -> None:
+    with aperf.UserRingBuffer(fd, encoder=struct.Struct("<QI")) as urb:
+        view = urb.reserve(8)
+        assert_type(view, memoryview)
+        urb.submit(view)
+        urb.send_nowait((1, 2))
+        await urb.send((1, 2), timeout=0.5)
+        assert_type(urb.free_bytes(), int)
+        assert_type(urb.encode((1, 2)), bytes)

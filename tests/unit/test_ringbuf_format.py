@@ -232,3 +232,53 @@ def test_released_memory_is_never_read() -> None:
         ring.reader.take()
     with pytest.raises(aperf.ClosedResourceError):
         ring.reader.pending_bytes()
+
+
+class StoreBufferRace(KernelRing):
+    """The kernel commits a record at the one moment the fence exists for: after the
+    reader stored ``consumer_pos``, before its last look at the ring. On x86 the
+    reader's store can still sit in its store buffer then, so the kernel reads the
+    old ``consumer_pos`` and wakes nobody; only a look after a full fence finds it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.fences: list[int] = []  # consumer_pos at each fence
+        self.at_fence: list[bytes] = []  # committed by "the kernel" during the next fence
+        self.reader = RingBufferRing(
+            0, self.consumer, self.producer, PAGE, size, fence=self.fence
+        )
+
+    def fence(self) -> None:
+        self.fences.append(self.cons)
+        while self.at_fence:
+            assert self.output(self.at_fence.pop(0))
+
+
+def test_a_record_committed_just_after_the_consumer_store_is_taken_not_stranded() -> None:
+    ring = StoreBufferRace(4096)
+    ring.output(b"a" * 16)
+    ring.at_fence.append(b"b" * 16)
+    assert ring.take() == [b"a" * 16, b"b" * 16]
+    assert ring.cons == ring.prod
+    assert ring.fences == [24, 48]  # after each store, then the look that found nothing
+
+
+def test_a_reserved_record_is_looked_at_again_after_the_fence() -> None:
+    ring = StoreBufferRace(4096)
+    ring.output(b"a" * 16)
+    busy = ring.reserve(8)
+    assert busy is not None
+    assert ring.take() == [b"a" * 16]  # stops at the BUSY record, after a fence
+    assert ring.fences == [busy]
+    ring.commit(busy, b"b" * 8)
+    assert ring.take() == [b"b" * 8]
+
+
+def test_a_take_that_moves_nothing_needs_no_fence() -> None:
+    ring = StoreBufferRace(4096)
+    assert ring.take() == []
+    busy = ring.reserve(8)
+    assert busy is not None
+    assert ring.take() == []  # BUSY at the consumer position, which it did not move
+    assert ring.fences == []
+

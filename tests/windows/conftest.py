@@ -59,6 +59,12 @@ class FakeEbpf:
         lib.fake_map_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
         lib.fake_output.argtypes = [ctypes.c_int, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32]
         lib.fake_output.restype = ctypes.c_int
+        lib.fake_ringbuf_reserve.argtypes = [ctypes.c_int, ctypes.c_uint32]
+        lib.fake_ringbuf_reserve.restype = ctypes.c_int64
+        lib.fake_ringbuf_commit.argtypes = [
+            ctypes.c_int, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int,
+        ]
+        lib.fake_ringbuf_output.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         lib.fake_lost.argtypes = [ctypes.c_int, ctypes.c_uint32]
         lib.fake_lost.restype = ctypes.c_uint64
         lib.fake_waiters.argtypes = [ctypes.c_void_p]
@@ -90,6 +96,24 @@ class FakeEbpf:
         if result not in (0, -28):  # -ENOSPC: the ring is full
             raise OSError(-result, os.strerror(-result))
         return result == 0
+
+    def ringbuf_output(self, fd: int, payload: bytes) -> bool:
+        """bpf_ringbuf_output: True if written, False if the ring was full (not counted)."""
+        result = int(self.lib.fake_ringbuf_output(fd, payload, len(payload)))
+        if result not in (0, -28):
+            raise OSError(-result, os.strerror(-result))
+        return result == 0
+
+    def ringbuf_reserve(self, fd: int, length: int) -> int:
+        """bpf_ringbuf_reserve: the record's offset (its header locked until committed)."""
+        offset = int(self.lib.fake_ringbuf_reserve(fd, length))
+        assert offset >= 0, offset
+        return offset
+
+    def ringbuf_commit(
+        self, fd: int, offset: int, payload: bytes, *, discard: bool = False
+    ) -> None:
+        assert self.lib.fake_ringbuf_commit(fd, offset, payload, len(payload), int(discard)) == 0
 
     def lost(self, fd: int, cpu: int) -> int:
         return int(self.lib.fake_lost(fd, cpu))
@@ -176,6 +200,14 @@ def fake(fake_session: FakeEbpf) -> Iterator[FakeEbpf]:
     assert fake_session.live_buffers() == buffers, "a perf buffer was not freed"
     assert fake_session.open_handles() == handles, "an event handle leaked"
     assert fake_session.open_fds() == fds, "a map fd leaked"
+
+
+@pytest.fixture
+def ringbuf_map(fake: FakeEbpf) -> Iterator[int]:
+    """A ring buffer of 4 KiB (one ring for every CPU), closed after the test."""
+    fd = fake.create_map(4096, type=BPF_MAP_TYPE_RINGBUF, name="ringbuf")
+    yield fd
+    fake.close(fd)
 
 
 @pytest.fixture

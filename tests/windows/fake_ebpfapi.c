@@ -28,6 +28,22 @@
  *     wait resets an auto-reset event only. Failures set the thread's last error,
  *     which aperf reads through errno here (ctypes.get_last_error on Windows).
  *
+ *   - the ring buffer (include/ebpf_api.h, libs/api/ebpf_api.cpp ebpf_ring_buffer_new_internal,
+ *     libs/api/libbpf_map.cpp, libs/execution_context/ebpf_maps.c ebpf_ring_buffer_map_output;
+ *     BPF_MAP_TYPE_RINGBUF is 13 there): ring_buffer__new in synchronous mode (the default)
+ *     needs a sample callback (EINVAL), a ring buffer map (EINVAL otherwise, EBADF for a bad
+ *     fd), makes one MANUAL-reset event and sets it as the map's wait handle, and maps the
+ *     ring; ebpf_ring_buffer_get_buffer hands out the consumer page (read-write, u64
+ *     consumer_offset), the producer page (u64 producer_offset) and the data area mapped
+ *     twice, as three pointers, with its size (EBPF_OBJECT_NOT_FOUND for an index past the
+ *     one map; EBPF_INVALID_ARGUMENT in the callback mode aperf does not use);
+ *     ebpf_ring_buffer_get_wait_handle the event. Offsets grow for ever (a record sits at
+ *     offset % size); records are laid out as the perf rings' and as Linux's. A submit
+ *     signals the event when the ring is not empty afterwards (libs/runtime/ebpf_ring_buffer.c,
+ *     _ring_buffer_notify_consumer); a full ring fails the output with nothing counted (the
+ *     kernel keeps no lost count for ring buffers). ring_buffer__free clears the map's wait
+ *     handle, unmaps and closes the event.
+ *
  * Test-only exports start with fake_: create maps, output samples as a BPF program
  * would (on a given CPU), pin, and count misuse (a handle closed while a thread waits
  * on it, a freed buffer used) and leaks (open handles, fds, buffers).
@@ -55,10 +71,12 @@ typedef int32_t fd_t;
 #define ERROR_INVALID_HANDLE 6
 #define ERROR_INVALID_PARAMETER 87
 
+#define BPF_MAP_TYPE_RINGBUF 13
 #define BPF_MAP_TYPE_PERF_EVENT_ARRAY 14
 #define EBPF_SUCCESS 0
 #define EBPF_INVALID_FD 4
 #define EBPF_INVALID_ARGUMENT 6
+#define EBPF_OBJECT_NOT_FOUND 7
 #define EBPF_OUT_OF_SPACE 29
 #define LOCK_BIT (1u << 31)
 #define DISCARD_BIT (1u << 30)
@@ -291,13 +309,13 @@ int fake_map_create(uint32_t type, uint32_t max_entries, const char *name) {
     m->type = type;
     m->max_entries = max_entries;
     strncpy(m->name, name ? name : "", sizeof m->name - 1);
-    m->ncpus = cpu_count;
+    m->ncpus = type == BPF_MAP_TYPE_RINGBUF ? 1 : cpu_count; /* one ring for every CPU */
     m->rings = calloc((size_t)m->ncpus, sizeof(ring_t));
     for (int c = 0; c < m->ncpus; c++) {
         ring_t *r = &m->rings[c];
         pthread_mutex_init(&r->producer, NULL);
         r->size = max_entries;
-        if (type == BPF_MAP_TYPE_PERF_EVENT_ARRAY)
+        if (type == BPF_MAP_TYPE_PERF_EVENT_ARRAY || type == BPF_MAP_TYPE_RINGBUF)
             r->data = calloc(2, max_entries);
     }
     pthread_mutex_lock(&m_lock);
@@ -657,6 +675,176 @@ void perf_buffer__free(struct perf_buffer *pb) {
     live_buffers--;
     pthread_mutex_unlock(&m_lock);
     free(pb->lost_seen);
+}
+
+/* ------------------------------------------------------------ ring buffer */
+
+static void mirror_write(ring_t *r, uint64_t at, const void *bytes, uint64_t length) {
+    for (uint64_t i = 0; i < length; i++) {
+        uint64_t p = (at + i) % r->size;
+        r->data[p] = r->data[p + r->size] = ((const uint8_t *)bytes)[i];
+    }
+}
+
+static map_t *ringbuf_ref(int fd) {
+    pthread_mutex_lock(&m_lock);
+    map_t *m = map_of(fd);
+    if (m && m->type == BPF_MAP_TYPE_RINGBUF)
+        m->refs++;
+    else
+        m = NULL;
+    pthread_mutex_unlock(&m_lock);
+    return m;
+}
+
+static void map_unref(map_t *m) {
+    pthread_mutex_lock(&m_lock);
+    unref(m);
+    pthread_mutex_unlock(&m_lock);
+}
+
+/* bpf_ringbuf_reserve: the record's offset, or -ENOSPC (full; nothing is counted),
+ * -EINVAL (not a ring buffer map). The header is locked until fake_ringbuf_commit. */
+int64_t fake_ringbuf_reserve(int fd, uint32_t length) {
+    map_t *m = ringbuf_ref(fd);
+    if (!m)
+        return -EINVAL;
+    ring_t *r = &m->rings[0];
+    uint64_t total = record_size(length);
+    int64_t result;
+    pthread_mutex_lock(&r->producer);
+    uint64_t producer = r->producer_offset;
+    uint64_t consumer = __atomic_load_n(&r->consumer_offset, __ATOMIC_ACQUIRE);
+    if (total > r->size - (producer - consumer)) {
+        result = -ENOSPC;
+    } else {
+        uint64_t at = producer % r->size;
+        uint32_t header[2] = {length | LOCK_BIT, (uint32_t)(at / 4096)};
+        mirror_write(r, at, header, HEADER);
+        __atomic_store_n(&r->producer_offset, producer + total, __ATOMIC_RELEASE);
+        result = (int64_t)producer;
+    }
+    pthread_mutex_unlock(&r->producer);
+    map_unref(m);
+    return result;
+}
+
+/* bpf_ringbuf_submit/discard of the record reserved at `offset`, with `length` bytes of
+ * data (its reserved length); then the wait handle is signalled. */
+int fake_ringbuf_commit(int fd, uint64_t offset, const void *data, uint32_t length, int discard) {
+    map_t *m = ringbuf_ref(fd);
+    if (!m)
+        return -EINVAL;
+    ring_t *r = &m->rings[0];
+    uint64_t at = offset % r->size;
+    mirror_write(r, at + HEADER, data, length);
+    uint32_t word = length | (discard ? DISCARD_BIT : 0);
+    __atomic_store_n((uint32_t *)(r->data + at + r->size), word, __ATOMIC_RELEASE);
+    __atomic_store_n((uint32_t *)(r->data + at), word, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&r->producer);
+    HANDLE wait_handle = r->wait_handle;
+    uint64_t producer = __atomic_load_n(&r->producer_offset, __ATOMIC_ACQUIRE);
+    if (wait_handle && producer != __atomic_load_n(&r->consumer_offset, __ATOMIC_ACQUIRE))
+        SetEvent(wait_handle); /* _ring_buffer_notify_consumer: "ring might not be empty" */
+    pthread_mutex_unlock(&r->producer);
+    map_unref(m);
+    return 0;
+}
+
+/* bpf_ringbuf_output: 0, -ENOSPC when the ring is full, -EINVAL for another map type. */
+int fake_ringbuf_output(int fd, const void *data, uint32_t length) {
+    int64_t offset = fake_ringbuf_reserve(fd, length);
+    if (offset < 0)
+        return (int)offset;
+    return fake_ringbuf_commit(fd, (uint64_t)offset, data, length, 0);
+}
+
+typedef int (*ring_buffer_sample_fn)(void *ctx, void *data, size_t size);
+
+#define RB_MAGIC 0x72696e67u
+typedef struct ring_buffer {
+    uint32_t magic;
+    map_t *map;
+    HANDLE wait_handle;
+} ring_buffer_t;
+
+struct ring_buffer *ring_buffer__new(int map_fd, ring_buffer_sample_fn sample_cb, void *ctx,
+                                     const void *opts) {
+    (void)ctx;
+    (void)opts; /* ring_buffer_opts: only sz; aperf passes none (synchronous mode) */
+    if (!sample_cb) {
+        errno = EINVAL;
+        return NULL;
+    }
+    pthread_mutex_lock(&m_lock);
+    map_t *m = map_of(map_fd);
+    int type = m ? (int)m->type : -1;
+    pthread_mutex_unlock(&m_lock);
+    if (!m) {
+        errno = EBADF;
+        return NULL;
+    }
+    if (type != BPF_MAP_TYPE_RINGBUF || !(m = ringbuf_ref(map_fd))) {
+        errno = EINVAL;
+        return NULL;
+    }
+    ring_buffer_t *rb = calloc(1, sizeof *rb);
+    rb->magic = RB_MAGIC;
+    rb->map = m;
+    rb->wait_handle = CreateEventW(NULL, 1, 0, NULL);
+    ring_t *r = &m->rings[0];
+    pthread_mutex_lock(&r->producer);
+    r->wait_handle = rb->wait_handle; /* ebpf_map_set_wait_handle(map_fd, 0, handle) */
+    pthread_mutex_unlock(&r->producer);
+    pthread_mutex_lock(&m_lock);
+    live_buffers++;
+    pthread_mutex_unlock(&m_lock);
+    return rb;
+}
+
+static int valid_rb(const ring_buffer_t *rb) {
+    if (rb && rb->magic == RB_MAGIC)
+        return 1;
+    pthread_mutex_lock(&k_lock);
+    misuse++;
+    pthread_mutex_unlock(&k_lock);
+    return 0;
+}
+
+int ebpf_ring_buffer_get_buffer(struct ring_buffer *rb, uint32_t index, void **consumer_page,
+                                const void **producer_page, const uint8_t **data,
+                                uint64_t *data_size) {
+    if (!valid_rb(rb) || !consumer_page || !producer_page || !data || !data_size)
+        return EBPF_INVALID_ARGUMENT;
+    if (index != 0)
+        return EBPF_OBJECT_NOT_FOUND;
+    ring_t *r = &rb->map->rings[0];
+    *consumer_page = (void *)&r->consumer_offset; /* ebpf_ring_buffer_consumer_page_t */
+    *producer_page = (const void *)&r->producer_offset;
+    *data = r->data;
+    *data_size = r->size;
+    return EBPF_SUCCESS;
+}
+
+ebpf_handle_t ebpf_ring_buffer_get_wait_handle(struct ring_buffer *rb) {
+    if (!rb || !valid_rb(rb))
+        return (ebpf_handle_t)-1;
+    return (ebpf_handle_t)rb->wait_handle;
+}
+
+void ring_buffer__free(struct ring_buffer *rb) {
+    if (!rb || !valid_rb(rb))
+        return;
+    ring_t *r = &rb->map->rings[0];
+    pthread_mutex_lock(&r->producer);
+    r->wait_handle = NULL;
+    pthread_mutex_unlock(&r->producer);
+    CloseHandle(rb->wait_handle);
+    rb->magic = 0; /* a later use is counted as misuse (the memory is kept for that) */
+    pthread_mutex_lock(&m_lock);
+    unref(rb->map);
+    live_buffers--;
+    pthread_mutex_unlock(&m_lock);
 }
 
 /* ------------------------------------------------------------ test probes */

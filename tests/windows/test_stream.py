@@ -110,7 +110,7 @@ async def test_stream_delivers_or_counts_every_sample(
     n = 20_000  # per CPU, into 4 KiB rings (128 records of 32 bytes)
     tally = Tally()
     async with aperf.PerfStream(perf_map, decoder=SEQ) as stream:
-        assert isinstance(stream._options.source, WindowsPerfSource)
+        assert isinstance(stream._options.source._chosen, WindowsPerfSource)  # by map type
         assert isinstance(stream._loop, expected_binding())  # no Proactor off Windows
         producers = [Producer(fake, perf_map, cpu) for cpu in (0, 1)]
         for p in producers:
