@@ -3,14 +3,17 @@
 The public API is re-exported here; the modules behind it are private. Their
 layout, bottom up (nothing imports upward):
 
-- ``_errors``, ``_events``, ``_options``: the vocabulary (errors, events, settings)
-- ``_libbpf/``: the only package that speaks ctypes (libbpf's prototypes)
+- ``_errors``, ``_privileges``, ``_events``, ``_options``: the vocabulary (errors and
+  why the kernel refused, events, settings)
+- ``_libbpf/``: libbpf's ctypes prototypes (``_prototypes`` is what it shares with
+  ``_ebpfwin/``)
 - ``_object``, ``_btf``: BPF objects, and everything read from BTF
 - ``_perf_format``, ``_ringbuf_format``, ``_decode``, ``_encode``: sans-I/O ring
   arithmetic and records (perf rings, BPF ring buffers), decoders and their inverse
-- ``_source``: the ring-source seam; ``_perf_source`` (Linux perf event arrays),
-  ``_ringbuf_source`` (BPF ring buffers, on ``_map_spec``) and ``_fake``
-  (``aperf.testing.FakeRingSource``) implement it
+- ``_source``: the ring-source seam (public as ``aperf.abc``); ``_perf_source`` (Linux
+  perf event arrays), ``_ringbuf_source`` (BPF ring buffers), ``_ebpfwin`` (eBPF for
+  Windows), all on ``_map_spec``, and ``_fake`` (``aperf.testing.FakeRingSource``)
+  implement it
 - ``_reader``: the one reading policy (queue, dispatch, backpressure), with its parts
   ``_clock`` (drain clock), ``_losses`` (loss ledger), ``_build`` (events from raw pieces),
   ``_callbacks`` (callback checks and dispatch)

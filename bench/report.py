@@ -207,7 +207,8 @@ def keeps_up(e: dict[str, Any]) -> bool:
 
 
 class Goals:
-    """Goal verdicts of issues 3, 5 and 6, with the figures behind them; issue 12's figures."""
+    """aperf's promises about speed, latency and memory, each with its verdict and the
+    figures behind it (a promise marked "figures, no target" is measured, not judged)."""
 
     def __init__(self, r: Results) -> None:
         self.r = r
@@ -232,12 +233,12 @@ class Goals:
         return ratio(self.r, mine, peer, key)
 
     def all(self) -> list[tuple[str, list[tuple[str, str]]]]:
-        """(issue heading, [(goal, verdict with figures)])."""
-        return [("Issue 3: streams", self.streams()),
-                ("Issue 5: decoding", self.decoding()),
-                ("Issue 6: overhead, latency, throughput, memory", self.overhead()),
-                ("Issue 11: kernel-speed decoding", self.kernel_speed()),
-                ("Issue 12: trio, and BPF ring buffers", self.trio_and_ringbuf())]
+        """(what is promised, [(goal, verdict with figures)])."""
+        return [("Streams keep up with the kernel's rings", self.streams()),
+                ("Decoded samples keep up", self.decoding()),
+                ("Light on the traced workload, prompt, flat in memory", self.overhead()),
+                ("Columnar batches near C speed", self.kernel_speed()),
+                ("trio beside asyncio; BPF ring buffers beside libbpf's", self.trio_and_ringbuf())]
 
     def side_by_side(self, names: list[str], peer: str, key: str) -> str:
         """``key`` of each of ``names`` over ``peer``'s, as ratios."""
@@ -619,7 +620,7 @@ def generated(entries: list[dict[str, Any]], machine: dict[str, Any], notes: lis
         lines += ["Setup done by the harness: " + "; ".join(notes) + ".", ""]
     if bcc_reason:
         lines += [f"BCC peer: skipped ({bcc_reason}).", ""]
-    lines += ["### Goals", ""]
+    lines += ["### Promises", ""]
     for heading, items in Goals(r).all():
         lines += [f"#### {heading}", ""]
         lines += [f"- {goal}: {text}" for goal, text in items]

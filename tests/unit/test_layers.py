@@ -4,6 +4,7 @@ ctypes binding only under sources, objects and BTF; no cycle, nothing upward."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
@@ -179,3 +180,18 @@ def test_importing_aperf_loads_no_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_architecture_page_draws_these_floors() -> None:
+    # docs/architecture.md's picture: a line "  N name ..." starts floor N, and every
+    # module named (``x.py`` or ``x/``) until the next one sits on that floor here.
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    picture = page.split("```", 2)[1]
+    drawn: dict[str, int] = {}
+    floor = -1
+    for line in picture.splitlines():
+        if line[:4].strip().isdigit():
+            floor = int(line[:4])
+        for name in re.findall(r"(?<![\w./])(\w+(?:/\w+)?)(?:\.py\b|/)", line):
+            drawn.setdefault(name.replace("/", "."), floor)  # _waiting/base.py: _waiting.base
+    assert drawn == FLOORS
