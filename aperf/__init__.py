@@ -35,6 +35,7 @@ from ._errors import ObjectStateError as ObjectStateError
 from ._errors import PinnedPathError as PinnedPathError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import UnknownNameError as UnknownNameError
+from ._errors import UnsupportedError as UnsupportedError
 from ._errors import VerifierError as VerifierError
 from ._events import BadSample as BadSample
 from ._events import CpuStatistics as CpuStatistics
@@ -94,6 +95,7 @@ __all__ = [
     "StreamStatistics",
     "Tails",
     "UnknownNameError",
+    "UnsupportedError",
     "VerifierError",
     "Wakeup",
     "abc",

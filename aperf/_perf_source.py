@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 
 from . import _libbpf as lb
-from ._errors import BusyResourceError, LibbpfError, RingSizeError
+from ._errors import BusyResourceError, ClosedResourceError, LibbpfError, RingSizeError
 from ._log import log
 from ._map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
@@ -107,6 +107,7 @@ class PerfEventArraySource(MapBackedSource):
         super().__init__(source)
         self._rings: lb.PerfRings | None = None
         self._map_fd = -1
+        self._paused = False
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
         if self._rings is not None:
@@ -163,6 +164,23 @@ class PerfEventArraySource(MapBackedSource):
             ]
         self._memory_bytes = len(rings) * (ring_bytes + PAGE_SIZE)
         return rings
+
+    def pause(self) -> None:
+        """Empty the map slots of this source's rings: the BPF program's output fails
+        with -ENOENT (its own failure count is the only record of those samples);
+        what the rings already hold is still read. Idempotent."""
+        self._set_paused(True)
+
+    def resume(self) -> None:
+        """Put the rings back into their slots (idempotent)."""
+        self._set_paused(False)
+
+    def _set_paused(self, paused: bool) -> None:
+        if self._rings is None:
+            raise ClosedResourceError(f"perf event array {self.name} is not open")
+        if paused != self._paused:
+            self._rings.set_slots(not paused)
+            self._paused = paused
 
     def acknowledge(self, handle: int) -> None:
         """Nothing to do: polling a perf fd clears its readiness."""

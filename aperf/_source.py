@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
+from ._errors import UnsupportedError
 from ._options import Wakeup
 
 # --- what a record format hands the reader: segments of a span, in ring order ---
@@ -168,6 +169,32 @@ class RingSource(Protocol):
         copies of the handles and release nothing shared with the parent (memory,
         map slots). Nothing may be read afterwards."""
         ...
+
+
+class PausableSource(Protocol):
+    """What a source may add (optional): stopping its producer at the source.
+
+    A perf event array pauses by emptying its map slots, so that the BPF program's
+    ``bpf_perf_event_output()`` fails with ``-ENOENT`` (counted by the BPF side, not
+    by aperf) instead of filling rings; the rings stay open and what they hold is
+    still read. Both calls are idempotent.
+    """
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def set_paused(source: RingSource, paused: bool) -> None:
+    """``pause()``/``resume()`` of a driver: the source's, or ``UnsupportedError``."""
+    step = getattr(source, "pause" if paused else "resume", None)
+    if step is None:
+        raise UnsupportedError(
+            f"{source.name} cannot pause its producer: it has no map slots to empty "
+            "(a BPF ring buffer has one ring for every CPU and no slots); stop or detach "
+            "the BPF program instead"
+        )
+    step()
 
 
 def _members(protocol: type) -> tuple[str, ...]:

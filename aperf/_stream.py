@@ -29,6 +29,7 @@ from ._reader import (
     load_columns,
 )
 from ._setup import ReaderOptions, SourceSpec
+from ._source import set_paused
 
 Callback = Callable[[Any], Any]
 CLOSE_TIMEOUT = 10.0
@@ -366,6 +367,19 @@ class PerfStream(Generic[T]):
         if added:
             self._wake()
         return added
+
+    def pause(self) -> None:
+        """Stop the producer at the source: the map's slots for this stream's rings are
+        emptied, so the BPF program's ``bpf_perf_event_output()`` fails with
+        ``-ENOENT`` instead of filling the rings. Samples already in the rings are
+        still delivered; those refused while paused are neither delivered nor
+        counted as lost by aperf (the BPF side's own failure count is the truth).
+        Idempotent. A BPF ring buffer has no slots: ``UnsupportedError``."""
+        set_paused(self._require_open().source, True)
+
+    def resume(self) -> None:
+        """Put this stream's rings back into the map's slots (idempotent)."""
+        set_paused(self._require_open().source, False)
 
     # --- consuming ---------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from ._reader import (
     load_columns,
 )
 from ._setup import ReaderOptions, SourceSpec
-from ._source import HandleKind
+from ._source import HandleKind, set_paused
 
 
 class HandleWaiter(Protocol):
@@ -318,6 +318,17 @@ class PerfBuffer(Generic[T]):
     def flush(self) -> int:
         """Hand over what sits below the wakeup threshold: the same as ``consume()``."""
         return self.consume()
+
+    def pause(self) -> None:
+        """Stop the producer at the source, as
+        [`PerfStream.pause`][aperf.PerfStream.pause] does: the map's slots are emptied
+        and the BPF side's output fails with ``-ENOENT``; what the rings hold is still
+        delivered, nothing is counted as lost. Idempotent."""
+        set_paused(self._require_open().reader.source, True)
+
+    def resume(self) -> None:
+        """Put this buffer's rings back into the map's slots (idempotent)."""
+        set_paused(self._require_open().reader.source, False)
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
         handled = 0
