@@ -14,11 +14,12 @@ import re
 import struct
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
+from ._errors import UnsupportedError
 from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
 from ._object import BPFObject, Map
 from ._options import (
@@ -28,7 +29,7 @@ from ._options import (
     resolve_wakeup,
     ring_data_bytes,
 )
-from ._perf_source import PerfEventArraySource
+from ._perf_source import PerfEventArraySource, check_layout
 from ._reader import Clock, DecodeErrorPolicy, Reader
 from ._ringbuf_source import RingBufferSource
 from ._source import RING_SOURCE_MEMBERS, RingConfig, RingSource
@@ -142,6 +143,8 @@ class ReaderOptions:
     decoder: Decoder | None
     max_pending: int
     decode_errors: DecodeErrorPolicy
+    cpus: tuple[int, ...] | None = None
+    map_keys: tuple[int, ...] | None = None
 
     @classmethod
     def check(
@@ -154,8 +157,16 @@ class ReaderOptions:
         decoder: DecoderSpec,
         max_pending: int,
         decode_errors: DecodeErrorPolicy,
+        cpus: Iterable[int] | None = None,
+        map_keys: Iterable[int] | None = None,
     ) -> ReaderOptions:
         ring_source = resolve_source(source)
+        cpu_ids, keys = check_layout(cpus, map_keys)
+        if cpu_ids is not None and not isinstance(ring_source, PerfEventArraySource):
+            raise UnsupportedError(
+                f"cpus= and map_keys= choose the rings of a Linux perf event array; "
+                f"{ring_source.name} is a {type(ring_source).__name__}"
+            )
         return cls(
             source=ring_source,
             ring_bytes=ring_data_bytes(pages, ring_bytes),
@@ -163,12 +174,16 @@ class ReaderOptions:
             decoder=resolve_decoder(decoder, ring_source),
             max_pending=check_max_pending(max_pending),
             decode_errors=check_decode_errors(decode_errors),
+            cpus=cpu_ids,
+            map_keys=keys,
         )
 
     def open(self, clock: Clock) -> Reader:
         """Open the rings and build the reader on them (all or nothing)."""
         source = self.source
-        rings = source.open(RingConfig(self.ring_bytes, self.wakeup))
+        rings = source.open(
+            RingConfig(self.ring_bytes, self.wakeup, cpus=self.cpus, map_keys=self.map_keys)
+        )
         try:
             return Reader(
                 source,

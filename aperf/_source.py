@@ -134,6 +134,12 @@ class RingConfig:
 
     wakeup: Wakeup
 
+    cpus: tuple[int, ...] | None = None
+    """The CPUs to open rings on (checked), or None for every online CPU (perf only)."""
+
+    map_keys: tuple[int, ...] | None = None
+    """The map slot of each ring of ``cpus``, index for index, or None for the CPU ids."""
+
 
 class RingSource(Protocol):
     """Something that has rings. ``open`` is all-or-nothing; ``free`` is idempotent."""

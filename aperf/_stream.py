@@ -11,7 +11,7 @@ import struct
 import threading
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, overload
 
 from ._errors import BusyResourceError, ClosedResourceError
@@ -87,6 +87,16 @@ class PerfStream(Generic[T]):
     BadSample`` where ``T`` is what the decoder returns. ``stream.arrays()``
     (and ``on_array=`` in callback mode) gives NumPy arrays of samples instead
     (docs/columnar.md).
+
+    A perf event array gets one ring per online CPU, in the slot keyed by its CPU id.
+    ``cpus=[...]`` opens rings on those CPUs only (a CPU that is not possible on the
+    host, or offline at open, is an ``ArgumentError``); samples the BPF program emits on
+    another CPU find an empty slot and fail there with ``-ENOENT``. ``map_keys=[...]``,
+    index for index with ``cpus``, puts each ring in that slot of the map instead (a
+    BPF program picks it with ``BPF_F_INDEX_MASK``: several channels per CPU); each
+    ring's key, what ``Sample.cpu``, ``Lost.cpu`` and ``statistics()`` say, is then its
+    map key. Keys must be unique and below the map's ``max_entries``
+    (docs/rings.md, "Some CPUs, or several channels per CPU").
     """
 
     @overload
@@ -105,6 +115,8 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Event[None]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
     ) -> None: ...
 
     @overload
@@ -123,6 +135,8 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
     ) -> None: ...
 
     @overload
@@ -141,6 +155,8 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Event[T]]], Any] | None = ...,
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -158,11 +174,13 @@ class PerfStream(Generic[T]):
         on_batch: Callable[[list[Any]], Any] | None = None,
         on_decode_error: Callback | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        cpus: Iterable[int] | None = None,
+        map_keys: Iterable[int] | None = None,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=max_pending, decode_errors=decode_errors,
+            max_pending=max_pending, decode_errors=decode_errors, cpus=cpus, map_keys=map_keys,
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")

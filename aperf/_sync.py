@@ -157,6 +157,9 @@ class PerfBuffer(Generic[T]):
     after the failing one stay queued and are handed over by the next call.
     ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
     ([`SampleArray`][aperf.SampleArray], docs/columnar.md); the counts are still of samples.
+
+    ``cpus=`` and ``map_keys=`` choose which rings open, as for
+    [`PerfStream`][aperf.PerfStream].
     """
 
     @overload
@@ -173,6 +176,8 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
     ) -> None: ...
 
     @overload
@@ -189,6 +194,8 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
     ) -> None: ...
 
     @overload
@@ -205,6 +212,8 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = ...,
         wakeup: Wakeup | str | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -220,13 +229,16 @@ class PerfBuffer(Generic[T]):
         decode_errors: DecodeErrorPolicy = "item",
         wakeup: Wakeup | str | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        cpus: Iterable[int] | None = None,
+        map_keys: Iterable[int] | None = None,
     ) -> None:
         if on_sample is None and on_array is None:
             raise ValueError("PerfBuffer needs an on_sample (or, columnar, an on_array) callback")
         self._handlers = Handlers(on_sample, on_lost, on_decode_error, on_array)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors,
+            max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors, cpus=cpus,
+            map_keys=map_keys,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now

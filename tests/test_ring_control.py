@@ -98,3 +98,113 @@ def test_pause_needs_an_open_buffer(producer: Producer) -> None:
     pb.close()
     with pytest.raises(aperf.ClosedResourceError):
         pb.pause()
+
+
+# --- CPU subsets and slot layouts: cpus= and map_keys= --------------------------------
+
+FIRST_CPU = CPUS[0]
+
+
+def test_two_cpus_to_test_on() -> None:
+    assert len(CPUS) >= 2, "the CPU subset tests need two CPUs"
+
+
+def test_cpus_opens_rings_only_there(producer: Producer) -> None:
+    tally = Tally()
+    with aperf.PerfBuffer(
+        producer.map, pages=16, on_sample=tally.add, on_lost=tally.add, cpus=[OTHER_CPU]
+    ) as pb:
+        assert pb.cpus == [OTHER_CPU] and pb.buffer_cnt == 1
+        producer.emit(40, cpu=OTHER_CPU)
+        producer.emit(25, cpu=FIRST_CPU)  # no ring in FIRST_CPU's slot: -ENOENT
+        assert pb.consume() == 40
+        # Pausing and resuming restores the slot keyed by the CPU id, not slot 0.
+        pb.pause()
+        producer.emit(5, cpu=OTHER_CPU)
+        pb.resume()
+        producer.emit(7, cpu=OTHER_CPU)
+        producer.emit(3, cpu=FIRST_CPU)
+        assert pb.consume() == 7
+        stats = pb.statistics()
+    counters = producer.counters()
+    assert counters.ok == 47 and counters.failed == 25 + 5 + 3
+    assert set(tally.seqs) == {OTHER_CPU} and not tally.lost and lost_total(stats) == 0
+    assert tally.seqs[OTHER_CPU] == list(range(40)) + list(range(70, 77))
+
+
+@pytest.fixture
+def slotted() -> Iterator[Producer]:
+    with Producer(perf_slots=8) as p:
+        yield p
+
+
+def test_map_keys_put_several_channels_on_a_cpu(slotted: Producer) -> None:
+    tally = Tally()
+    with aperf.PerfBuffer(
+        slotted.map, pages=16, on_sample=tally.add, on_lost=tally.add,
+        cpus=[OTHER_CPU, OTHER_CPU, FIRST_CPU], map_keys=[5, 6, 2],
+    ) as pb:
+        assert pb.cpus == [2, 5, 6] and pb.buffer_cnt == 3
+        slotted.emit(10, cpu=OTHER_CPU, map_key=5)
+        slotted.emit(20, cpu=OTHER_CPU, map_key=6)
+        slotted.emit(30, cpu=FIRST_CPU, map_key=2)
+        slotted.emit(7, cpu=OTHER_CPU, map_key=2)  # slot 2's ring is FIRST_CPU's: refused
+        slotted.emit(4, cpu=FIRST_CPU)  # the CPU's own slot is empty: -ENOENT
+        assert pb.consume() == 60
+        pb.pause()
+        slotted.emit(9, cpu=OTHER_CPU, map_key=6)
+        pb.resume()
+        slotted.emit(2, cpu=OTHER_CPU, map_key=6)
+        assert pb.consume() == 2
+    counters = slotted.counters()
+    assert counters.ok == 62 and counters.failed == 7 + 4 + 9
+    assert not tally.lost
+    assert tally.seqs == {5: list(range(10)), 6: [*range(10, 30), 80, 81], 2: list(range(30, 60))}
+
+
+def test_cpu_and_key_errors_name_the_argument(producer: Producer) -> None:
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"cpus": [4095]}, "cpus", "CPU \\[4095\\] is not possible"),
+        ({"cpus": [OTHER_CPU, OTHER_CPU]}, "cpus", "more than once"),
+        ({"cpus": []}, "cpus", "opens no ring"),
+        ({"cpus": [-1]}, "cpus", "negative"),
+        ({"cpus": [0, 1], "map_keys": [3, 3]}, "map_keys", "slot \\[3\\] more than once"),
+        ({"cpus": [0, 1], "map_keys": [3]}, "map_keys", "1 slots for 2 cpus"),
+        ({"map_keys": [3]}, "map_keys", "needs cpus="),
+        ({"cpus": [FIRST_CPU], "map_keys": [2]}, "map_keys", "beyond the 2 slots"),
+    ]
+    for kwargs, argument, message in cases:
+        with pytest.raises(aperf.ArgumentError, match=message) as info:
+            aperf.PerfBuffer(producer.map, pages=1, on_sample=print, **kwargs)
+        assert info.value.argument == argument, kwargs
+    with pytest.raises(TypeError, match="cpus must hold ints"):
+        aperf.PerfBuffer(producer.map, pages=1, on_sample=print, cpus=["0"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="cpus must be a list"):
+        aperf.PerfStream(producer.map, cpus=0)  # type: ignore[call-overload]
+    # Nothing was left behind: the map takes a reader again.
+    with aperf.PerfBuffer(producer.map, pages=1, on_sample=print, cpus=[FIRST_CPU]) as pb:
+        producer.emit(3, cpu=FIRST_CPU)
+        assert pb.consume() == 3
+
+
+def test_cpus_is_for_perf_event_arrays(ringbuf: Producer) -> None:
+    with pytest.raises(aperf.UnsupportedError, match="perf event array"):
+        aperf.PerfBuffer(ringbuf.source(), on_sample=print, cpus=[0])
+
+
+@pytest.mark.anyio
+async def test_stream_on_a_cpu_subset(producer: Producer) -> None:
+    tally = Tally()
+    async with aperf.PerfStream(
+        producer.map, pages=16, wakeup="lowest-latency", cpus=[FIRST_CPU]
+    ) as stream:
+        assert stream.cpus == [FIRST_CPU]
+        producer.emit(6, cpu=OTHER_CPU)
+        producer.emit(12, cpu=FIRST_CPU)
+        with anyio.fail_after(20):
+            async for event in stream:
+                tally.add(event)
+                if tally.total == 12:
+                    break
+    assert tally.seqs == {FIRST_CPU: list(range(6, 18))}
+    assert producer.counters().failed == 6
