@@ -31,7 +31,7 @@ from ._map_spec import (
     require_type,
     ring_access,
 )
-from ._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup
+from ._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup, budget_ring_bytes
 from ._perf_format import PERF_RECORDS, PerfRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
@@ -179,7 +179,10 @@ class PerfEventArraySource(MapBackedSource):
         self.map_id = facts.id
         usable, slots = self._layout(config, facts.max_entries)
         self._claim()
-        ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
+        if config.memory_bytes is not None:
+            ring_bytes = budget_ring_bytes(config.memory_bytes, len(usable))
+        else:
+            ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = perf_wakeup(config.wakeup, ring_bytes)
         pages = ring_bytes // PAGE_SIZE
         exact = True

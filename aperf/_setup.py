@@ -24,8 +24,10 @@ from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type
 from ._object import BPFObject, Map
 from ._options import (
     Wakeup,
+    budget_ring_bytes,
     check_decode_errors,
     check_max_pending,
+    check_memory_bytes,
     resolve_wakeup,
     ring_data_bytes,
 )
@@ -145,6 +147,7 @@ class ReaderOptions:
     decode_errors: DecodeErrorPolicy
     cpus: tuple[int, ...] | None = None
     map_keys: tuple[int, ...] | None = None
+    memory_bytes: int | None = None
 
     @classmethod
     def check(
@@ -159,14 +162,20 @@ class ReaderOptions:
         decode_errors: DecodeErrorPolicy,
         cpus: Iterable[int] | None = None,
         map_keys: Iterable[int] | None = None,
+        memory_bytes: int | None = None,
     ) -> ReaderOptions:
         ring_source = resolve_source(source)
         cpu_ids, keys = check_layout(cpus, map_keys)
-        if cpu_ids is not None and not isinstance(ring_source, PerfEventArraySource):
+        budget = check_memory_bytes(memory_bytes, pages, ring_bytes)
+        if (cpu_ids, budget) != (None, None) and not isinstance(
+            ring_source, PerfEventArraySource
+        ):
             raise UnsupportedError(
-                f"cpus= and map_keys= choose the rings of a Linux perf event array; "
-                f"{ring_source.name} is a {type(ring_source).__name__}"
+                f"cpus=, map_keys= and memory_bytes= choose the rings of a Linux perf event "
+                f"array; {ring_source.name} is a {type(ring_source).__name__}"
             )
+        if budget is not None and cpu_ids is not None:
+            budget_ring_bytes(budget, len(cpu_ids))  # the ring count is known: check now
         return cls(
             source=ring_source,
             ring_bytes=ring_data_bytes(pages, ring_bytes),
@@ -176,13 +185,17 @@ class ReaderOptions:
             decode_errors=check_decode_errors(decode_errors),
             cpus=cpu_ids,
             map_keys=keys,
+            memory_bytes=budget,
         )
 
     def open(self, clock: Clock) -> Reader:
         """Open the rings and build the reader on them (all or nothing)."""
         source = self.source
         rings = source.open(
-            RingConfig(self.ring_bytes, self.wakeup, cpus=self.cpus, map_keys=self.map_keys)
+            RingConfig(
+                self.ring_bytes, self.wakeup, cpus=self.cpus, map_keys=self.map_keys,
+                memory_bytes=self.memory_bytes,
+            )
         )
         try:
             return Reader(

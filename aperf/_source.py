@@ -140,6 +140,9 @@ class RingConfig:
     map_keys: tuple[int, ...] | None = None
     """The map slot of each ring of ``cpus``, index for index, or None for the CPU ids."""
 
+    memory_bytes: int | None = None
+    """A budget for all rings together, instead of ``ring_bytes`` (perf only)."""
+
 
 class RingSource(Protocol):
     """Something that has rings. ``open`` is all-or-nothing; ``free`` is idempotent."""

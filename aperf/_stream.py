@@ -97,6 +97,13 @@ class PerfStream(Generic[T]):
     ring's key, what ``Sample.cpu``, ``Lost.cpu`` and ``statistics()`` say, is then its
     map key. Keys must be unique and below the map's ``max_entries``
     (docs/rings.md, "Some CPUs, or several channels per CPU").
+
+    Sizes: ``pages=`` or ``ring_bytes=`` per ring (rounded up to a power-of-two page
+    count), or ``memory_bytes=``, a budget for all the rings together (rounded down:
+    each ring gets the largest power-of-two page count for which the rings, with
+    their metadata pages, stay within it). Sizes in bytes mean the same on hosts with
+    64 KiB pages; a budget that no ring size meets is a ``RingSizeError`` that says
+    the smallest and largest possible (docs/rings.md, "A memory budget").
     """
 
     @overload
@@ -117,6 +124,7 @@ class PerfStream(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = ...,
         cpus: Iterable[int] | None = ...,
         map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
     ) -> None: ...
 
     @overload
@@ -137,6 +145,7 @@ class PerfStream(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = ...,
         cpus: Iterable[int] | None = ...,
         map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
     ) -> None: ...
 
     @overload
@@ -157,6 +166,7 @@ class PerfStream(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = ...,
         cpus: Iterable[int] | None = ...,
         map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -176,11 +186,13 @@ class PerfStream(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = None,
         cpus: Iterable[int] | None = None,
         map_keys: Iterable[int] | None = None,
+        memory_bytes: int | None = None,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=max_pending, decode_errors=decode_errors, cpus=cpus, map_keys=map_keys,
+            memory_bytes=memory_bytes,
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")

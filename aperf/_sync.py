@@ -158,8 +158,8 @@ class PerfBuffer(Generic[T]):
     ``on_array=`` instead of ``on_sample=`` hands samples over as NumPy arrays
     ([`SampleArray`][aperf.SampleArray], docs/columnar.md); the counts are still of samples.
 
-    ``cpus=`` and ``map_keys=`` choose which rings open, as for
-    [`PerfStream`][aperf.PerfStream].
+    ``cpus=`` and ``map_keys=`` choose which rings open, and ``memory_bytes=`` sets a
+    budget for all of them, as for [`PerfStream`][aperf.PerfStream].
     """
 
     @overload
@@ -178,6 +178,7 @@ class PerfBuffer(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = ...,
         cpus: Iterable[int] | None = ...,
         map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
     ) -> None: ...
 
     @overload
@@ -196,6 +197,7 @@ class PerfBuffer(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = ...,
         cpus: Iterable[int] | None = ...,
         map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
     ) -> None: ...
 
     @overload
@@ -214,6 +216,7 @@ class PerfBuffer(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = ...,
         cpus: Iterable[int] | None = ...,
         map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -231,6 +234,7 @@ class PerfBuffer(Generic[T]):
         on_array: Callable[[SampleArray], Any] | None = None,
         cpus: Iterable[int] | None = None,
         map_keys: Iterable[int] | None = None,
+        memory_bytes: int | None = None,
     ) -> None:
         if on_sample is None and on_array is None:
             raise ValueError("PerfBuffer needs an on_sample (or, columnar, an on_array) callback")
@@ -238,7 +242,7 @@ class PerfBuffer(Generic[T]):
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=DEFAULT_MAX_PENDING, decode_errors=decode_errors, cpus=cpus,
-            map_keys=map_keys,
+            map_keys=map_keys, memory_bytes=memory_bytes,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now

@@ -8,6 +8,7 @@ BPF side and never reaches aperf.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -208,3 +209,65 @@ async def test_stream_on_a_cpu_subset(producer: Producer) -> None:
                     break
     assert tally.seqs == {FIRST_CPU: list(range(6, 18))}
     assert producer.counters().failed == 6
+
+
+# --- memory budgets: memory_bytes= ------------------------------------------------------
+
+PAGE = mmap.PAGESIZE
+
+
+def perf_mappings() -> list[int]:
+    """Sizes of this process's perf ring mappings, as the kernel lists them."""
+    sizes = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "[perf_event]" in line:
+                lo, hi = line.split()[0].split("-")
+                sizes.append(int(hi, 16) - int(lo, 16))
+    return sorted(sizes)
+
+
+def test_memory_budget_opens_the_rings_promised(producer: Producer) -> None:
+    assert PAGE == 4096, "the figures below are for 4 KiB pages"
+    budget = 1 << 20  # 1 MiB over the online CPUs
+    with aperf.PerfBuffer(producer.map, memory_bytes=budget, on_sample=print) as pb:
+        stats = pb.statistics()
+        rings = pb.buffer_cnt
+        assert rings == len(CPUS)
+        # 1 MiB / 2 rings = 128 pages each, one for metadata: 127 data pages round down to 64.
+        data_pages = {1: 128, 2: 64, 4: 32}[rings]
+        assert stats.ring_bytes == data_pages * PAGE
+        assert stats.memory_bytes == rings * (data_pages + 1) * PAGE <= budget
+        assert rings * (2 * data_pages + 1) * PAGE > budget  # the next size would not fit
+        assert perf_mappings() == [(data_pages + 1) * PAGE] * rings  # what the kernel mapped
+
+
+def test_memory_budget_ring_holds_what_its_size_says(producer: Producer) -> None:
+    tally = Tally()
+    # One ring, 300,000 bytes: 73 pages -> 72 data pages -> 64 (256 KiB), 5461 samples of 48.
+    with aperf.PerfBuffer(
+        producer.map, memory_bytes=300_000, cpus=[OTHER_CPU], on_sample=tally.add,
+        on_lost=tally.add,
+    ) as pb:
+        assert pb.statistics().ring_bytes == 64 * PAGE
+        assert pb.statistics().memory_bytes == 65 * PAGE
+        producer.emit(6000, cpu=OTHER_CPU)  # nobody reads: the ring keeps what fits
+        assert producer.counters().ok == 64 * PAGE // 48 == 5461
+        assert pb.consume() >= 5461
+    assert tally.samples == 5461 and sum(tally.lost.values()) == 6000 - 5461
+
+
+def test_an_impossible_budget_says_the_smallest_and_largest(producer: Producer) -> None:
+    # The ring count known at once (cpus=): the constructor says so before any ring.
+    with pytest.raises(aperf.RingSizeError, match=f"smallest possible is {2 * PAGE}, "):
+        aperf.PerfBuffer(producer.map, memory_bytes=PAGE, cpus=[0], on_sample=print)
+    # Every online CPU: counted at open.
+    rings = len(CPUS)
+    with pytest.raises(aperf.RingSizeError) as info:
+        aperf.PerfBuffer(producer.map, memory_bytes=2 * PAGE, on_sample=print)
+    assert f"smallest possible is {rings * 2 * PAGE}, the largest {rings * ((1 << 28) + PAGE)}" in (
+        str(info.value)
+    )
+    with pytest.raises(aperf.RingSizeError, match="one of pages, ring_bytes or memory_bytes"):
+        aperf.PerfStream(producer.map, pages=8, memory_bytes=1 << 20)
+    assert perf_mappings() == []  # nothing was left open
