@@ -44,6 +44,7 @@ from ._errors import RingFullError as RingFullError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import TakenOverError as TakenOverError
 from ._errors import UnknownNameError as UnknownNameError
+from ._errors import UnsupportedError as UnsupportedError
 from ._errors import VerifierError as VerifierError
 from ._events import BadSample as BadSample
 from ._events import CpuStatistics as CpuStatistics
@@ -110,6 +111,7 @@ __all__ = [
     "Tails",
     "TakenOverError",
     "UnknownNameError",
+    "UnsupportedError",
     "UserRingBuffer",
     "VerifierError",
     "Wakeup",

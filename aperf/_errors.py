@@ -213,6 +213,11 @@ class RingSizeError(AperfError, ValueError):
     """The per-CPU ring size is invalid (page count not a power of two, zero, too large)."""
 
 
+class UnsupportedError(AperfError, TypeError):
+    """The source cannot do what was asked: e.g. ``pause()`` on a BPF ring buffer,
+    which has no per-CPU slots to empty, or ``cpus=`` for a source without CPU rings."""
+
+
 class ClosedResourceError(AperfError, anyio.ClosedResourceError):
     """The stream, buffer or object was closed.
 

@@ -23,19 +23,23 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def ring_data_bytes(pages: int | None, ring_bytes: int | None) -> int | None:
+def ring_data_bytes(
+    pages: int | None, ring_bytes: int | None, page_size: int = PAGE_SIZE
+) -> int | None:
     """Data bytes per ring from ``pages`` or ``ring_bytes`` (rounded up to a power-of-two
-    page count); None when neither is given (the source's own default)."""
+    page count of ``page_size`` bytes); None when neither is given (the source's own
+    default). ``ring_bytes`` means the same on every host: with 64 KiB pages,
+    ``ring_bytes=4096`` gets one 64 KiB page, never sixteen times what was asked."""
     if pages is not None and ring_bytes is not None:
         raise RingSizeError("give pages or ring_bytes, not both")
-    limit = f"at most {MAX_RING_BYTES // PAGE_SIZE} pages ({MAX_RING_BYTES >> 20} MiB) per ring"
+    limit = f"at most {MAX_RING_BYTES // page_size} pages ({MAX_RING_BYTES >> 20} MiB) per ring"
     if ring_bytes is not None:
         if not _is_int(ring_bytes) or ring_bytes <= 0:
             raise RingSizeError(f"ring_bytes must be a positive int, not {ring_bytes!r}")
         if ring_bytes > MAX_RING_BYTES:
             raise RingSizeError(f"ring_bytes={ring_bytes} is too large: {limit}")
-        needed = -(-ring_bytes // PAGE_SIZE)
-        return (1 << (needed - 1).bit_length()) * PAGE_SIZE
+        needed = -(-ring_bytes // page_size)
+        return (1 << (needed - 1).bit_length()) * page_size
     if pages is None:
         return None
     if not _is_int(pages):
@@ -44,9 +48,44 @@ def ring_data_bytes(pages: int | None, ring_bytes: int | None) -> int | None:
         raise RingSizeError(
             f"pages={pages}: the per-CPU page count must be a power of two (1, 2, 4, ... 8192)"
         )
-    if pages * PAGE_SIZE > MAX_RING_BYTES:
+    if pages * page_size > MAX_RING_BYTES:
         raise RingSizeError(f"pages={pages} is too large: {limit}")
-    return pages * PAGE_SIZE
+    return pages * page_size
+
+
+def check_memory_bytes(
+    memory_bytes: int | None, pages: int | None, ring_bytes: int | None
+) -> int | None:
+    """``memory_bytes=`` checked on its own (the ring count is known only at open)."""
+    if memory_bytes is None:
+        return None
+    if pages is not None or ring_bytes is not None:
+        raise RingSizeError("give one of pages, ring_bytes or memory_bytes, not several")
+    if not _is_int(memory_bytes) or memory_bytes <= 0:
+        raise RingSizeError(f"memory_bytes must be a positive int, not {memory_bytes!r}")
+    return memory_bytes
+
+
+def budget_ring_bytes(memory_bytes: int, rings: int, page_size: int = PAGE_SIZE) -> int:
+    """Data bytes per ring for a budget of ``memory_bytes`` in all over ``rings`` rings.
+
+    Each perf ring takes one metadata page plus a power-of-two count of data pages,
+    so the budget is rounded down: every ring gets the largest power-of-two page
+    count for which ``rings * (pages + 1) * page_size`` stays within the budget.
+    A budget below one data page per ring, or above the largest ring per ring, is
+    an error that says the smallest and largest possible.
+    """
+    max_pages = MAX_RING_BYTES // page_size
+    smallest = rings * 2 * page_size
+    largest = rings * (max_pages + 1) * page_size
+    if not smallest <= memory_bytes <= largest:
+        raise RingSizeError(
+            f"memory_bytes={memory_bytes} cannot be met by {rings} perf ring(s) of "
+            f"{page_size}-byte pages (a metadata page plus a power of two of data pages "
+            f"each): the smallest possible is {smallest}, the largest {largest}"
+        )
+    per_ring = memory_bytes // rings // page_size - 1
+    return (1 << (per_ring.bit_length() - 1)) * page_size
 
 
 DecodeErrorPolicy = Literal["item", "raise", "skip"]

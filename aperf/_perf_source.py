@@ -11,10 +11,16 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from . import _libbpf as lb
-from ._errors import BusyResourceError, LibbpfError, RingSizeError
+from ._errors import (
+    ArgumentError,
+    BusyResourceError,
+    ClosedResourceError,
+    LibbpfError,
+    RingSizeError,
+)
 from ._log import log
 from ._map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
@@ -25,7 +31,7 @@ from ._map_spec import (
     require_type,
     ring_access,
 )
-from ._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup
+from ._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup, budget_ring_bytes
 from ._perf_format import PERF_RECORDS, PerfRing
 from ._source import HandleKind, RecordFormat, RingConfig
 
@@ -45,12 +51,60 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def online_cpus() -> list[int]:
+def online_cpus(which: str = "online") -> list[int]:
     try:
-        with open("/sys/devices/system/cpu/online") as f:
+        with open(f"/sys/devices/system/cpu/{which}") as f:
             return parse_cpu_list(f.read())
     except OSError:
         return list(range(os.cpu_count() or 1))
+
+
+def _cpu_ids(argument: str, values: Iterable[int]) -> list[int]:
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise TypeError(f"{argument} must be a list of ints, not {type(values).__name__}")
+    ids = list(values)
+    for value in ids:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{argument} must hold ints, not {type(value).__name__}")
+        if value < 0:
+            raise ArgumentError(argument, f"{argument}={ids}: {value} is negative")
+    repeated = sorted({value for value in ids if ids.count(value) > 1})
+    if repeated and argument == "map_keys":
+        raise ArgumentError(argument, f"map_keys={ids} names slot {repeated} more than once: "
+                            "a slot holds one ring")
+    return ids
+
+
+def check_layout(
+    cpus: Iterable[int] | None, map_keys: Iterable[int] | None
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """``cpus=`` and ``map_keys=`` checked against this host's possible CPUs, before any
+    ring exists (the map's ``max_entries`` and the online CPUs are checked at open)."""
+    if cpus is None:
+        if map_keys is not None:
+            raise ArgumentError("map_keys", "map_keys= needs cpus=: the CPU of each slot's "
+                                "ring, index for index")
+        return None, None
+    cpu_ids = _cpu_ids("cpus", cpus)
+    if not cpu_ids:
+        raise ArgumentError("cpus", "cpus=[] opens no ring: name at least one CPU, or leave "
+                            "cpus out for every online CPU")
+    possible = online_cpus("possible")
+    impossible = [cpu for cpu in cpu_ids if cpu not in possible]
+    if impossible:
+        raise ArgumentError("cpus", f"cpus={cpu_ids}: CPU {impossible} is not possible on this "
+                            f"host (possible: {possible[0]}-{possible[-1]})")
+    if map_keys is None:
+        repeated = sorted({cpu for cpu in cpu_ids if cpu_ids.count(cpu) > 1})
+        if repeated:
+            raise ArgumentError("cpus", f"cpus={cpu_ids} names CPU {repeated} more than once: "
+                                "one ring per CPU (several channels per CPU need map_keys=)")
+        return tuple(cpu_ids), None
+    keys = _cpu_ids("map_keys", map_keys)
+    if len(keys) != len(cpu_ids):
+        raise ArgumentError("map_keys", f"map_keys has {len(keys)} slots for {len(cpu_ids)} "
+                            "cpus: one slot per ring, index for index")
+    return tuple(cpu_ids), tuple(keys)
 
 
 def perf_wakeup(wakeup: Wakeup, ring_bytes: int) -> tuple[int, int]:
@@ -107,6 +161,7 @@ class PerfEventArraySource(MapBackedSource):
         super().__init__(source)
         self._rings: lb.PerfRings | None = None
         self._map_fd = -1
+        self._paused = False
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
         if self._rings is not None:
@@ -122,25 +177,19 @@ class PerfEventArraySource(MapBackedSource):
         facts = map_facts(self._map_fd, f"map {self.name}")
         require_type(facts, self.name, BPF_MAP_TYPE_PERF_EVENT_ARRAY, "a perf event array")
         self.map_id = facts.id
-        cpus = online_cpus()
-        usable = [cpu for cpu in cpus if cpu < facts.max_entries]
-        if not usable:
-            raise RingSizeError(
-                f"map {self.name} has {facts.max_entries} slots, no online CPU id fits"
-            )
-        if len(usable) < len(cpus):
-            # As libbpf does: a slot per CPU id, CPUs beyond max_entries get no ring.
-            log.warning("perf map smaller than cpu count", map=self.name,
-                        max_entries=facts.max_entries, skipped=[c for c in cpus if c not in usable])
-        self._claim(usable)
-        ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
+        usable, slots = self._layout(config, facts.max_entries)
+        self._claim(usable if slots is None else slots)  # the map keys, across processes
+        if config.memory_bytes is not None:
+            ring_bytes = budget_ring_bytes(config.memory_bytes, len(usable))
+        else:
+            ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = perf_wakeup(config.wakeup, ring_bytes)
         pages = ring_bytes // PAGE_SIZE
         exact = True
         try:
             self._rings = lb.PerfRings(
-                self._map_fd, pages, usable, wakeup_events=events, wakeup_watermark=watermark,
-                count_lost=True,
+                self._map_fd, pages, usable, map_keys=slots, wakeup_events=events,
+                wakeup_watermark=watermark, count_lost=True,
             )
         except LibbpfError as exc:
             if exc.errno != errno.EINVAL:
@@ -148,21 +197,66 @@ class PerfEventArraySource(MapBackedSource):
             # Before Linux 6.0 read_format has no PERF_FORMAT_LOST: lost records only.
             exact = False
             self._rings = lb.PerfRings(
-                self._map_fd, pages, usable, wakeup_events=events, wakeup_watermark=watermark,
+                self._map_fd, pages, usable, map_keys=slots, wakeup_events=events,
+                wakeup_watermark=watermark,
             )
         self._ring_bytes = ring_bytes
         perf = self._rings
         if ring_access() == "direct":
             rings: list[PerfRing] = [
-                _KernelPerfRing(h.cpu, h.fd, h.memory, exact) for h in perf.rings
+                _KernelPerfRing(h.slot, h.fd, h.memory, exact) for h in perf.rings
             ]
         else:
             rings = [
-                _LibbpfReadRing(h.cpu, h.fd, h.memory, exact, perf, index)
+                _LibbpfReadRing(h.slot, h.fd, h.memory, exact, perf, index)
                 for index, h in enumerate(perf.rings)
             ]
         self._memory_bytes = len(rings) * (ring_bytes + PAGE_SIZE)
         return rings
+
+    def pause(self) -> None:
+        """Empty the map slots of this source's rings: the BPF program's output fails
+        with -ENOENT (its own failure count is the only record of those samples);
+        what the rings already hold is still read. Idempotent."""
+        self._set_paused(True)
+
+    def resume(self) -> None:
+        """Put the rings back into their slots (idempotent)."""
+        self._set_paused(False)
+
+    def _set_paused(self, paused: bool) -> None:
+        if self._rings is None:
+            raise ClosedResourceError(f"perf event array {self.name} is not open")
+        if paused != self._paused:
+            self._rings.set_slots(not paused)
+            self._paused = paused
+
+    def _layout(self, config: RingConfig, max_entries: int) -> tuple[list[int], list[int] | None]:
+        """The CPUs to open rings on, and their slots (None: keyed by CPU id)."""
+        if config.cpus is None:
+            cpus = online_cpus()
+            usable = [cpu for cpu in cpus if cpu < max_entries]
+            if not usable:
+                raise RingSizeError(
+                    f"map {self.name} has {max_entries} slots, no online CPU id fits"
+                )
+            if len(usable) < len(cpus):
+                # As libbpf does: a slot per CPU id, CPUs beyond max_entries get no ring.
+                log.warning("perf map smaller than cpu count", map=self.name,
+                            max_entries=max_entries, skipped=[c for c in cpus if c not in usable])
+            return usable, None
+        online = online_cpus()
+        offline = [cpu for cpu in config.cpus if cpu not in online]
+        if offline:
+            raise ArgumentError("cpus", f"cpus={list(config.cpus)}: CPU {offline} is offline "
+                                f"(online now: {online})")
+        argument, keys = ("cpus", config.cpus) if config.map_keys is None else (
+            "map_keys", config.map_keys)
+        beyond = [key for key in keys if key >= max_entries]
+        if beyond:
+            raise ArgumentError(argument, f"{argument}={list(keys)}: slot {beyond} is beyond the "
+                                f"{max_entries} slots (max_entries) of map {self.name}")
+        return list(config.cpus), None if config.map_keys is None else list(config.map_keys)
 
     def acknowledge(self, handle: int) -> None:
         """Nothing to do for a ring: polling a perf fd clears its readiness. The map
@@ -177,7 +271,7 @@ class PerfEventArraySource(MapBackedSource):
         the taker's. Our rings keep what was written: the reader drains them."""
         rings = self._rings
         if rings is not None:
-            lb.delete_slots(self._map_fd, [ring.cpu for ring in rings.rings])
+            lb.delete_slots(self._map_fd, [ring.slot for ring in rings.rings])
             lb.rcu_grace_period()
             null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             try:

@@ -14,23 +14,26 @@ import re
 import struct
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ._clock import Clock
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
+from ._errors import UnsupportedError
 from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
 from ._object import BPFObject, Map
 from ._options import (
     DecodeErrorPolicy,
     Wakeup,
+    budget_ring_bytes,
     check_decode_errors,
     check_max_pending,
+    check_memory_bytes,
     resolve_wakeup,
     ring_data_bytes,
 )
-from ._perf_source import PerfEventArraySource
+from ._perf_source import PerfEventArraySource, check_layout
 from ._reader import Reader
 from ._ringbuf_source import RingBufferSource
 from ._source import RING_SOURCE_MEMBERS, RingConfig, RingSource
@@ -144,6 +147,9 @@ class ReaderOptions:
     decoder: Decoder | None
     max_pending: int
     decode_errors: DecodeErrorPolicy
+    cpus: tuple[int, ...] | None = None
+    map_keys: tuple[int, ...] | None = None
+    memory_bytes: int | None = None
 
     @classmethod
     def check(
@@ -156,6 +162,9 @@ class ReaderOptions:
         decoder: DecoderSpec,
         max_pending: int,
         decode_errors: DecodeErrorPolicy,
+        cpus: Iterable[int] | None = None,
+        map_keys: Iterable[int] | None = None,
+        memory_bytes: int | None = None,
         take_over: bool = False,
     ) -> ReaderOptions:
         ring_source = resolve_source(source)
@@ -168,6 +177,17 @@ class ReaderOptions:
                     f"process to take it from, not {type(ring_source).__name__}"
                 )
             ring_source.take_over = True
+        cpu_ids, keys = check_layout(cpus, map_keys)
+        budget = check_memory_bytes(memory_bytes, pages, ring_bytes)
+        if (cpu_ids, budget) != (None, None) and not isinstance(
+            ring_source, PerfEventArraySource
+        ):
+            raise UnsupportedError(
+                f"cpus=, map_keys= and memory_bytes= choose the rings of a Linux perf event "
+                f"array; {ring_source.name} is a {type(ring_source).__name__}"
+            )
+        if budget is not None and cpu_ids is not None:
+            budget_ring_bytes(budget, len(cpu_ids))  # the ring count is known: check now
         return cls(
             source=ring_source,
             ring_bytes=ring_data_bytes(pages, ring_bytes),
@@ -175,12 +195,20 @@ class ReaderOptions:
             decoder=resolve_decoder(decoder, ring_source),
             max_pending=check_max_pending(max_pending),
             decode_errors=check_decode_errors(decode_errors),
+            cpus=cpu_ids,
+            map_keys=keys,
+            memory_bytes=budget,
         )
 
     def open(self, clock: Clock) -> Reader:
         """Open the rings and build the reader on them (all or nothing)."""
         source = self.source
-        rings = source.open(RingConfig(self.ring_bytes, self.wakeup))
+        rings = source.open(
+            RingConfig(
+                self.ring_bytes, self.wakeup, cpus=self.cpus, map_keys=self.map_keys,
+                memory_bytes=self.memory_bytes,
+            )
+        )
         try:
             return Reader(
                 source,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from ._errors import UnsupportedError
 from ._options import Wakeup
 from ._waiting.base import HandleKind as HandleKind  # what sources say their handles are
 from ._waiting.base import OnHandle as OnHandle
@@ -141,6 +142,15 @@ class RingConfig:
 
     wakeup: Wakeup
 
+    cpus: tuple[int, ...] | None = None
+    """The CPUs to open rings on (checked), or None for every online CPU (perf only)."""
+
+    map_keys: tuple[int, ...] | None = None
+    """The map slot of each ring of ``cpus``, index for index, or None for the CPU ids."""
+
+    memory_bytes: int | None = None
+    """A budget for all rings together, instead of ``ring_bytes`` (perf only)."""
+
 
 class RingSource(Protocol):
     """Something that has rings. ``open`` is all-or-nothing; ``free`` is idempotent."""
@@ -181,6 +191,32 @@ class RingSource(Protocol):
         copies of the handles and release nothing shared with the parent (memory,
         map slots). Nothing may be read afterwards."""
         ...
+
+
+class PausableSource(Protocol):
+    """What a source may add (optional): stopping its producer at the source.
+
+    A perf event array pauses by emptying its map slots, so that the BPF program's
+    ``bpf_perf_event_output()`` fails with ``-ENOENT`` (counted by the BPF side, not
+    by aperf) instead of filling rings; the rings stay open and what they hold is
+    still read. Both calls are idempotent.
+    """
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def set_paused(source: RingSource, paused: bool) -> None:
+    """``pause()``/``resume()`` of a driver: the source's, or ``UnsupportedError``."""
+    step = getattr(source, "pause" if paused else "resume", None)
+    if step is None:
+        raise UnsupportedError(
+            f"{source.name} cannot pause its producer: it has no map slots to empty "
+            "(a BPF ring buffer has one ring for every CPU and no slots); stop or detach "
+            "the BPF program instead"
+        )
+    step()
 
 
 def _members(protocol: type) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import struct
 import threading
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from functools import partial
 from typing import Any, Generic, TypeVar, overload
 
@@ -22,6 +22,7 @@ from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
+from ._source import set_paused
 from ._waiting import current_binding
 from ._waiting.base import LoopBinding
 
@@ -87,6 +88,20 @@ class PerfStream(Generic[T]):
         on_decode_error: deprecated: ``run(on_sample, on_decode_error=...)``.
         on_array: deprecated: ``run_arrays(on_array)``.
         on_batch: deprecated: ``run_batches(on_batch)``.
+        cpus: the CPUs to open rings on (a perf event array only; default: every online
+            CPU whose id is a slot of the map). A CPU that is not possible on the host,
+            or offline at open, is an ``ArgumentError``; samples the BPF program emits on
+            another CPU find an empty slot and fail there with ``-ENOENT``
+            (docs/rings.md, "Some CPUs, or several channels per CPU").
+        map_keys: index for index with ``cpus``, the map slot of each ring instead of its
+            CPU id (a BPF program picks it with ``BPF_F_INDEX_MASK``: several channels per
+            CPU); each ring's key, what ``Sample.cpu``, ``Lost.cpu`` and ``statistics()``
+            say, is then its map key. Unique, and below the map's ``max_entries``.
+        memory_bytes: instead of ``pages``/``ring_bytes``, a budget for all the rings
+            together, rounded down: each ring gets the largest power-of-two page count for
+            which the rings, with their metadata pages, stay within it; a budget no ring
+            size meets is a ``RingSizeError`` naming the smallest and largest possible
+            (docs/rings.md, "A memory budget").
         take_over: False (the default): opening a map that another aperf reader holds,
             in any process, raises ``BusyResourceError`` naming its pid. True: ask that
             reader to give the map up; its stream then ends with
@@ -109,6 +124,9 @@ class PerfStream(Generic[T]):
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
         on_batch: Callable[[list[Event[None]]], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -128,6 +146,9 @@ class PerfStream(Generic[T]):
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
         on_batch: Callable[[list[Event[Any]]], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -147,6 +168,9 @@ class PerfStream(Generic[T]):
         on_decode_error: Callback | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
         on_batch: Callable[[list[Event[T]]], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -165,12 +189,16 @@ class PerfStream(Generic[T]):
         on_decode_error: Callback | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
         on_batch: Callable[[list[Any]], Any] | None = None,
+        cpus: Iterable[int] | None = None,
+        map_keys: Iterable[int] | None = None,
+        memory_bytes: int | None = None,
         take_over: bool = False,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=max_pending, decode_errors=decode_errors, take_over=take_over,
+            max_pending=max_pending, decode_errors=decode_errors, cpus=cpus, map_keys=map_keys,
+            memory_bytes=memory_bytes, take_over=take_over,
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
@@ -363,6 +391,19 @@ class PerfStream(Generic[T]):
         if added:
             self._wake()
         return added
+
+    def pause(self) -> None:
+        """Stop the producer at the source: the map's slots for this stream's rings are
+        emptied, so the BPF program's ``bpf_perf_event_output()`` fails with
+        ``-ENOENT`` instead of filling the rings. Samples already in the rings are
+        still delivered; those refused while paused are neither delivered nor
+        counted as lost by aperf (the BPF side's own failure count is the truth).
+        Idempotent. A BPF ring buffer has no slots: ``UnsupportedError``."""
+        set_paused(self._require_open().source, True)
+
+    def resume(self) -> None:
+        """Put this stream's rings back into the map's slots (idempotent)."""
+        set_paused(self._require_open().source, False)
 
     # --- consuming ---------------------------------------------------------------------
 

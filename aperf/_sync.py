@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, overload
 
 from ._callbacks import Handlers
@@ -20,6 +20,7 @@ from ._lifetime import OpenReader
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
+from ._source import set_paused
 from ._waiting import handle_waiter
 
 
@@ -77,6 +78,12 @@ class PerfBuffer(Generic[T]):
             ``aperf.SampleArray``: the samples of one run of one CPU as a NumPy
             structured array (``array.values``; docs/columnar.md). The counts
             ``poll()`` returns are still of samples.
+        cpus: the CPUs to open rings on (a perf event array only), as for
+            ``PerfStream``; default: every online CPU whose id is a slot of the map.
+        map_keys: index for index with ``cpus``, the map slot of each ring instead of its
+            CPU id, as for ``PerfStream`` (rings are then keyed by map key).
+        memory_bytes: instead of ``pages``/``ring_bytes``, a budget for all the rings
+            together, rounded down to what perf rings allow, as for ``PerfStream``.
         take_over: False (the default): opening a map that another aperf reader holds,
             in any process, raises ``BusyResourceError`` naming its pid. True: ask that
             reader to give the map up, as for ``PerfStream``. This buffer, if taken
@@ -99,6 +106,9 @@ class PerfBuffer(Generic[T]):
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -117,6 +127,9 @@ class PerfBuffer(Generic[T]):
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -135,6 +148,9 @@ class PerfBuffer(Generic[T]):
         on_lost: Callable[[Lost], Any] | None = ...,
         on_decode_error: Callable[[BadSample], Any] | None = ...,
         on_array: Callable[[SampleArray], Any] | None = ...,
+        cpus: Iterable[int] | None = ...,
+        map_keys: Iterable[int] | None = ...,
+        memory_bytes: int | None = ...,
         take_over: bool = ...,
     ) -> None: ...
 
@@ -152,6 +168,9 @@ class PerfBuffer(Generic[T]):
         on_lost: Callable[[Lost], Any] | None = None,
         on_decode_error: Callable[[BadSample], Any] | None = None,
         on_array: Callable[[SampleArray], Any] | None = None,
+        cpus: Iterable[int] | None = None,
+        map_keys: Iterable[int] | None = None,
+        memory_bytes: int | None = None,
         take_over: bool = False,
     ) -> None:
         if on_sample is None and on_array is None:
@@ -159,7 +178,8 @@ class PerfBuffer(Generic[T]):
         self._handlers = Handlers(on_sample, on_lost, on_decode_error, on_array)
         options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
-            max_pending=max_pending, decode_errors=decode_errors, take_over=take_over,
+            max_pending=max_pending, decode_errors=decode_errors, cpus=cpus,
+            map_keys=map_keys, memory_bytes=memory_bytes, take_over=take_over,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now
@@ -255,6 +275,17 @@ class PerfBuffer(Generic[T]):
     def flush(self) -> int:
         """Hand over what sits below the wakeup threshold: the same as ``consume()``."""
         return self.consume()
+
+    def pause(self) -> None:
+        """Stop the producer at the source, as
+        ``PerfStream.pause()`` does: the map's slots are emptied
+        and the BPF side's output fails with ``-ENOENT``; what the rings hold is still
+        delivered, nothing is counted as lost. Idempotent."""
+        set_paused(self._require_open().source, True)
+
+    def resume(self) -> None:
+        """Put this buffer's rings back into the map's slots (idempotent)."""
+        set_paused(self._require_open().source, False)
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
         handled = 0

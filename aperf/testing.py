@@ -50,8 +50,9 @@ __all__ = [
 MAX_RUN = 1 << 23
 """Most samples one program run emits (bpf_loop's limit); larger counts take several runs."""
 
-# struct producer_config { u64 count, size, first_seq, target, rb_flags, discard_every; }
-_CONFIG = struct.Struct("<QQQQQQ")
+# struct producer_config { u64 count, size, first_seq, target, rb_flags, discard_every,
+# perf_flags; }
+_CONFIG = struct.Struct("<QQQQQQQ")
 _TARGETS = {"perf": 0, "ringbuf": 1}
 RB_NO_WAKEUP = 1
 """``bpf_ringbuf_output`` flag: commit without waking the reader (it finds the record later)."""
@@ -103,11 +104,13 @@ class Producer:
     big, 1 MiB by default) instead of its perf event array; ``map`` is then
     that ring buffer, and ``source()`` gives a stream it with the BPF side's
     count of failed outputs, so that drops arrive as ``Lost`` events.
+    ``perf_slots`` sets the perf event array's ``max_entries`` (default: one slot per
+    possible CPU), for channels at other slots (``emit(..., map_key=)``).
     """
 
     def __init__(
         self, *, tag: int = 0, path: str | None = None, ring: str = "perf",
-        ringbuf_bytes: int | None = None,
+        ringbuf_bytes: int | None = None, perf_slots: int | None = None,
     ) -> None:
         if ring not in _TARGETS:
             raise ValueError(f"ring must be 'perf' or 'ringbuf', not {ring!r}")
@@ -118,6 +121,8 @@ class Producer:
                 self._obj.set_global("tag", tag)
             if ringbuf_bytes is not None:
                 self._obj.maps["ringbuf"].set_max_entries(ringbuf_bytes)
+            if perf_slots is not None:
+                self._obj.maps["samples"].set_max_entries(perf_slots)
             self._obj.load()
             self._prog_fd = self._obj.programs["produce"].fd
             self._config = self._obj.maps["config"]
@@ -147,7 +152,7 @@ class Producer:
 
     def emit(
         self, count: int, *, size: int = 32, cpu: int = 0, first_seq: int | None = None,
-        rb_flags: int = 0, discard_every: int = 0,
+        rb_flags: int = 0, discard_every: int = 0, map_key: int | None = None,
     ) -> int:
         """Emit ``count`` samples of ``size`` bytes on ``cpu``; returns the first sequence number.
 
@@ -156,6 +161,9 @@ class Producer:
         Ring buffer only: ``rb_flags`` (``RB_NO_WAKEUP``, ``RB_FORCE_WAKEUP``)
         go to ``bpf_ringbuf_output``; with ``discard_every=N`` every sample whose
         sequence number is a multiple of N is reserved and discarded instead.
+        Perf event array only: ``map_key`` makes the samples go to that slot of the
+        map (``BPF_F_INDEX_MASK``) instead of the running CPU's; the kernel takes
+        them only if the ring in that slot is ``cpu``'s.
         """
         if not 1 <= size <= 4096:
             raise ValueError(f"sample size must be 1..4096 bytes, not {size}")
@@ -163,6 +171,9 @@ class Producer:
             raise ValueError(f"count must be >= 0, not {count}")
         if (rb_flags or discard_every) and not self._target:
             raise ValueError("rb_flags and discard_every are for Producer(ring='ringbuf')")
+        if map_key is not None and (self._target or not 0 <= map_key < 0xFFFFFFFF):
+            raise ValueError(f"map_key={map_key!r}: a slot of the perf event array, 0 to 2**32-2")
+        perf_flags = 0 if map_key is None else map_key + 1
         if rb_flags not in (0, RB_NO_WAKEUP, RB_FORCE_WAKEUP) or discard_every < 0:
             raise ValueError(f"bad rb_flags {rb_flags!r} or discard_every {discard_every!r}")
         with self._lock:
@@ -173,7 +184,7 @@ class Producer:
             batch = min(count, MAX_RUN)
             self._config.update(
                 _KEY.pack(cpu),
-                _CONFIG.pack(batch, size, seq, self._target, rb_flags, discard_every),
+                _CONFIG.pack(batch, size, seq, self._target, rb_flags, discard_every, perf_flags),
             )
             retval = lb.test_run_on_cpu(self._prog_fd, cpu)
             if retval != 0:

@@ -9,6 +9,11 @@
  * The config is keyed by CPU so that runs on different CPUs can be set up and
  * run at the same time.
  *
+ * Perf event array only: perf_flags is the flags argument of
+ * bpf_perf_event_output(): 0 stands for BPF_F_CURRENT_CPU (the slot keyed by
+ * the running CPU's id), else the low 32 bits give the slot (BPF_F_INDEX_MASK)
+ * plus one, so that 1 is slot 0.
+ *
  * Ring buffer only: with discard_every = N > 0, every sample whose sequence
  * number is a multiple of N is reserved (8 bytes) and discarded instead of
  * written, so that readers meet records with the DISCARD bit.
@@ -61,6 +66,7 @@ struct producer_config {
 	__u64 target;
 	__u64 rb_flags;
 	__u64 discard_every;
+	__u64 perf_flags;
 };
 
 struct sample_buf {
@@ -110,6 +116,7 @@ struct loop_ctx {
 	__u64 target;
 	__u64 rb_flags;
 	__u64 discard_every;
+	__u64 perf_flags;
 	__u64 ok;
 	__u64 failed;
 	__u64 discarded;
@@ -169,7 +176,7 @@ static long emit_one(__u64 i, void *data)
 		}
 		ret = bpf_ringbuf_output(&ringbuf, buf, size, lc->rb_flags);
 	} else {
-		ret = bpf_perf_event_output(lc->ctx, &samples, BPF_F_CURRENT_CPU, buf, size);
+		ret = bpf_perf_event_output(lc->ctx, &samples, lc->perf_flags, buf, size);
 	}
 	if (ret < 0)
 		lc->failed++;
@@ -210,6 +217,7 @@ int produce(void *ctx)
 	lc.target = cfg->target;
 	lc.rb_flags = cfg->rb_flags;
 	lc.discard_every = cfg->discard_every;
+	lc.perf_flags = cfg->perf_flags ? (cfg->perf_flags - 1) & BPF_F_INDEX_MASK : BPF_F_CURRENT_CPU;
 	bpf_loop(cfg->count, emit_one, &lc, 0);
 
 	counter_add(CNT_OK, lc.ok);

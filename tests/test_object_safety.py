@@ -195,10 +195,10 @@ def test_dropped_object_releases_its_links() -> None:
 
 
 def test_config_update_with_short_value_fails_cleanly(producer: Producer) -> None:
-    config = producer.object.maps["config"]  # u32 -> struct producer_config: six u64s
+    config = producer.object.maps["config"]  # u32 -> struct producer_config: seven u64s
     key = bytes(4)
     before = config.lookup(key)
-    short_value = "value is 1 bytes; map 'config' takes 48-byte values"
+    short_value = "value is 1 bytes; map 'config' takes 56-byte values"
     with pytest.raises(aperf.ArgumentError, match=short_value) as info:
         config.update(b"\0" * 4, b"\x07")
     assert info.value.argument == "value" and isinstance(info.value, ValueError)

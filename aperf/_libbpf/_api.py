@@ -723,6 +723,7 @@ class RingHandle:
     cpu: int
     fd: int
     memory: RingMemory
+    slot: int  # the map key whose slot holds ``fd``
 
 
 def delete_slots(map_fd: int, keys: list[int]) -> None:
@@ -752,7 +753,9 @@ def rcu_grace_period() -> bool:
 
 
 class PerfRings:
-    """libbpf's ``perf_buffer`` for one map: one ring per listed CPU, slots keyed by CPU id."""
+    """libbpf's ``perf_buffer`` for one map: one ring per listed CPU, in the slot of the
+    same index of ``map_keys`` (default: keyed by CPU id). ``map_fd`` must stay open
+    while the rings are (``set_slots`` writes through it)."""
 
     def __init__(
         self,
@@ -760,11 +763,14 @@ class PerfRings:
         page_count: int,
         cpus: list[int],
         *,
+        map_keys: list[int] | None = None,
         wakeup_events: int = 1,
         wakeup_watermark: int = 0,
         count_lost: bool = False,
     ) -> None:
         self._pb = 0
+        self._map_fd = map_fd
+        slots = cpus if map_keys is None else map_keys
         attr = _perf_event_attr()
         if count_lost:
             attr.read_format = PERF_FORMAT_LOST
@@ -778,12 +784,11 @@ class PerfRings:
             attr.wakeup = wakeup_watermark
         else:
             attr.wakeup = wakeup_events
-        keys = (ctypes.c_int * len(cpus))(*cpus)
         opts = _perf_buffer_raw_opts()
         opts.sz = ctypes.sizeof(opts)
         opts.cpu_cnt = len(cpus)
-        opts.cpus = keys
-        opts.map_keys = keys
+        opts.cpus = (ctypes.c_int * len(cpus))(*cpus)
+        opts.map_keys = (ctypes.c_int * len(slots))(*slots)
         with capture_log() as captured:
             try:
                 self._pb = int(
@@ -800,12 +805,12 @@ class PerfRings:
                     exc.detail = f"opening {page_count}-page rings: {said[-1].strip()}"
                 raise
         try:
-            self.rings = self._collect(cpus)
+            self.rings = self._collect(cpus, slots)
         except BaseException:
             self.free()
             raise
 
-    def _collect(self, cpus: list[int]) -> list[RingHandle]:
+    def _collect(self, cpus: list[int], slots: list[int]) -> list[RingHandle]:
         count = int(c.perf_buffer__buffer_cnt(self._pb))
         rings = []
         for index in range(count):
@@ -814,8 +819,25 @@ class PerfRings:
             c.perf_buffer__buffer(self._pb, index, ctypes.byref(base), ctypes.byref(size))
             fd = int(c.perf_buffer__buffer_fd(self._pb, index))
             assert base.value is not None
-            rings.append(RingHandle(cpus[index], fd, RingMemory(base.value)))
+            rings.append(RingHandle(cpus[index], fd, RingMemory(base.value), slots[index]))
         return rings
+
+    def set_slots(self, present: bool) -> None:
+        """Put the rings' fds into their map slots, or delete them from the slots (a
+        BPF program's output to an empty slot fails with -ENOENT). Idempotent."""
+        if not self._pb:
+            raise ClosedResourceError("perf rings were freed")
+        for ring in self.rings:
+            key = ctypes.c_uint32(ring.slot)
+            if present:
+                value = ctypes.c_uint32(ring.fd)
+                c.bpf_map_update_elem(self._map_fd, ctypes.byref(key), ctypes.byref(value), 0)
+                continue
+            try:
+                c.bpf_map_delete_elem(self._map_fd, ctypes.byref(key))
+            except LibbpfError as exc:
+                if exc.errno != errno.ENOENT:  # already empty: nothing to undo
+                    raise
 
     def consume_records(self, index: int) -> bytes:
         """Every record of ring ``index``, copied by libbpf's own reader, which orders

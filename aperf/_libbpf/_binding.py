@@ -182,6 +182,7 @@ bpf_map__set_initial_value = int_fn(
 bpf_map_update_elem = int_fn(
     "bpf_map_update_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64
 )
+bpf_map_delete_elem = int_fn("bpf_map_delete_elem", ctypes.c_int, ctypes.c_void_p)
 bpf_map_lookup_elem = int_fn(
     "bpf_map_lookup_elem", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 )

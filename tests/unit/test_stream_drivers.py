@@ -646,9 +646,10 @@ def test_both_drivers_take_the_same_keywords_in_the_same_order() -> None:
 
     shared = ["source", "pages", "ring_bytes", "decoder", "wakeup", "max_pending", "decode_errors"]
     callbacks = ["on_sample", "on_lost", "on_decode_error", "on_array"]
-    assert names(aperf.PerfBuffer) == shared + callbacks + ["take_over"]
+    rings = ["cpus", "map_keys", "memory_bytes", "take_over"]  # which rings, and whose
+    assert names(aperf.PerfBuffer) == shared + callbacks + rings
     assert names(aperf.PerfStream)[: len(shared)] == shared
-    assert names(aperf.PerfStream)[-1] == "take_over"  # the map lock's, last in both
+    assert names(aperf.PerfStream)[-len(rings):] == rings
 
 
 def test_the_sync_buffer_bounds_its_queue_with_max_pending() -> None:
