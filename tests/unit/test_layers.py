@@ -19,7 +19,7 @@ FLOORS = {
     "_reader": 4,
     "_setup": 5, "_loops": 5, "_trio": 5,
     "_stream": 6, "_sync": 6,
-    "__init__": 7, "decoders": 7, "testing": 7,
+    "__init__": 7, "decoders": 7, "testing": 7, "_natsargs": 7,
     "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
 }
 # __init__ re-exports; _ebpfwin (eBPF for Windows' own binding and source) reads its
