@@ -469,7 +469,7 @@ async def create_stream(
         try:
             info = await ready(client, lambda: apply(config), timeout=ready_timeout,
                                refusals=refusals)
-        except nats.js.errors.BadRequestError as exc:
+        except nats.js.errors.APIError as exc:  # 400 bad config, 500 e.g. storage change
             raise FleetConfigError(
                 "jetstream", f"JetStream refused to {'create' if old is None else 'update'} "
                 f"stream {jetstream!r}: {exc.description}"
