@@ -139,6 +139,7 @@ async def forward_run(
                     counted += len(events)
 
             task = asyncio.ensure_future(consume())
+            nodes0 = [server_cpu([p]) for p in server_pid]
             cpu0, srv0, t0 = time.thread_time(), server_cpu(server_pid), time.monotonic()
             emitter = Emitter(producer, offered, chunk, 0.01)
             await asyncio.to_thread(emitter.join)
@@ -147,6 +148,7 @@ async def forward_run(
             if sink is not None:
                 await sink.flush()
             t1, cpu1, srv1 = time.monotonic(), time.thread_time(), server_cpu(server_pid)
+            nodes = [server_cpu([p]) - c for p, c in zip(server_pid, nodes0, strict=True)]
             stream.close()
             await task
             result: dict[str, Any] = {
@@ -164,6 +166,8 @@ async def forward_run(
                     "dropped": stats.dropped_samples, "retried": stats.retried,
                     "server_cpu_us_per_message": (srv1 - srv0) / stats.published * 1e6,
                     "server_cpu_us_per_sample": (srv1 - srv0) / ok * 1e6,
+                    # Each node's share, n1 first (the leader is named in "leader").
+                    "node_cpu_us_per_message": [n / stats.published * 1e6 for n in nodes],
                     "stored_bytes_per_sample": await stored_bytes(url) / ok,
                 }
             return result
@@ -276,20 +280,25 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 async def measure(
     args: argparse.Namespace, url: str, pids: list[int], results: dict[str, Any]
 ) -> None:
-    for replicas in args.replicas:
-        for batch in [None, *args.batches] if "forward" in args.parts else []:
-            if batch is None and replicas != args.replicas[0]:
-                continue  # no sink: the replicas change nothing
-            for rate in args.rates:
-                runs = [
-                    await forward_run(url, pids, rate, args.seconds, batch, replicas)
-                    for _ in range(args.repeat)
-                ]
-                if batch == 256 and rate == args.rates[-1] and replicas == 1:
-                    results["read_back"] = await read_back(url, pids, runs[-1]["read"])
-                best = median_run(runs)
-                results["forward"].append(best)
-                print(json.dumps(best), flush=True)
+    for batch in [None, *args.batches] if "forward" in args.parts else []:
+        for rate in args.rates:
+            # Replica counts take turns within each repeat: a shared machine's load
+            # drifts over minutes, and R1 against R3 is the comparison wanted.
+            runs: dict[int, list[dict[str, Any]]] = {r: [] for r in args.replicas}
+            for _ in range(args.repeat):
+                for replicas in args.replicas if batch is not None else args.replicas[:1]:
+                    runs[replicas].append(
+                        await forward_run(url, pids, rate, args.seconds, batch, replicas)
+                    )
+                    if batch == 256 and rate == args.rates[-1] and replicas == 1:
+                        results["read_back"] = await read_back(
+                            url, pids, runs[replicas][-1]["read"]
+                        )
+            for found in runs.values():
+                if found:
+                    best = median_run(found)
+                    results["forward"].append(best)
+                    print(json.dumps(best), flush=True)
     for wakeup in ("balanced", "lowest-latency") if "latency" in args.parts else ():
         for rate in (1_000, 10_000):
             run = await latency_run(url, rate, args.latency_seconds, wakeup)

@@ -113,9 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _natsargs.quiet_tls_eof()
     try:
         return asyncio.run(view(args))
-    except FleetError as exc:
-        warn(f"{PROG}: {exc}")  # cannot start as told: one line
+    except FleetConfigError as exc:
+        warn(f"{PROG}: {exc}")  # cannot start as told (FleetAuthError, FleetUnavailableError)
         return 2
+    except FleetError as exc:  # the connection closed for good while reading
+        warn(f"{PROG}: {exc}")
     except aperf.ObjectFileError as exc:
         warn(f"{PROG}: cannot open {exc.path}: {exc.detail}; build it with: make -C bpf")
     except KeyboardInterrupt:
