@@ -2,6 +2,8 @@
 
     sudo .venv/bin/python bench/fleet.py             # about 2 minutes
     sudo .venv/bin/python bench/fleet.py --quick     # one repeat, shorter latency runs
+    sudo .venv/bin/python bench/fleet.py --replicas 1 3 --batches 256 --parts forward
+                                                     # R1 and R3 streams on a 3-node cluster
 
 What it measures (docs/fleet.md records the method and a run's figures):
 
@@ -19,6 +21,9 @@ What it measures (docs/fleet.md records the method and a run's figures):
   moment a FleetReader in another process hands it out (both CLOCK_MONOTONIC),
   with the producer paced at 1 k and 10 k samples/s.
 - **reader rate**: a FleetReader decoding the stored samples back.
+- with ``--replicas``: the same forwarding into streams of each replica count,
+  all on one three-node JetStream cluster on loopback (the sink connected to n1,
+  wherever JetStream put the stream's leader); server CPU is the three nodes'.
 
 The sink thread is pinned to CPU 0 and the producer to CPU 1; nats-server and the
 reader float. On a 2-CPU machine they compete: read the figures as this box's.
@@ -41,7 +46,7 @@ from typing import Any
 
 import aperf
 from aperf.fleet import FleetReader, JetStreamSink, create_stream
-from aperf.fleet.testing import NatsServer
+from aperf.fleet.testing import NatsCluster, NatsServer
 from aperf.testing import Producer, sample_header
 
 BENCH = Path(__file__).resolve().parent
@@ -51,10 +56,13 @@ SIZE = 32  # bytes per sample: seq, ktime, 16 bytes of zeroes
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu(pid: int) -> float:
-    """User + system seconds the process has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+def server_cpu(pids: list[int]) -> float:
+    """User + system seconds the processes have used."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICKS
 
 
 class Emitter(threading.Thread):
@@ -91,7 +99,8 @@ async def wait_for(condition: Any, timeout: float = 120.0) -> None:
         await asyncio.sleep(0.002)
 
 
-async def fresh_stream(url: str) -> None:
+async def fresh_stream(url: str, replicas: int = 1) -> str | None:
+    """A new, empty stream APERF; the name of its leader on a cluster."""
     import nats
 
     nc = await nats.connect(url)
@@ -101,15 +110,17 @@ async def fresh_stream(url: str) -> None:
         pass  # not there yet
     finally:
         await nc.close()
-    await create_stream(url, max_bytes=8 << 30)
+    info = await create_stream(url, max_bytes=8 << 30, replicas=replicas)
+    return info.cluster.leader if info.cluster is not None else None
 
 
 async def forward_run(
-    url: str, server_pid: int, rate: int, seconds: float, batch: int | None
+    url: str, server_pid: list[int], rate: int, seconds: float, batch: int | None,
+    replicas: int = 1,
 ) -> dict[str, Any]:
     """One host forwarding ``rate`` samples/s for ``seconds`` (``batch`` None: a consumer
     that only counts, no sink: aperf's own share)."""
-    await fresh_stream(url)
+    leader = await fresh_stream(url, replicas)
     chunk = rate // 100  # a burst every 10 ms
     offered = chunk * int(seconds * 100)
     with Producer() as producer:
@@ -128,6 +139,7 @@ async def forward_run(
                     counted += len(events)
 
             task = asyncio.ensure_future(consume())
+            nodes0 = [server_cpu([p]) for p in server_pid]
             cpu0, srv0, t0 = time.thread_time(), server_cpu(server_pid), time.monotonic()
             emitter = Emitter(producer, offered, chunk, 0.01)
             await asyncio.to_thread(emitter.join)
@@ -136,6 +148,7 @@ async def forward_run(
             if sink is not None:
                 await sink.flush()
             t1, cpu1, srv1 = time.monotonic(), time.thread_time(), server_cpu(server_pid)
+            nodes = [server_cpu([p]) - c for p, c in zip(server_pid, nodes0, strict=True)]
             stream.close()
             await task
             result: dict[str, Any] = {
@@ -143,7 +156,7 @@ async def forward_run(
                 "achieved_per_s": offered / emitter.seconds,
                 "lost_in_kernel": offered - ok, "seconds": t1 - t0,
                 "samples_per_s": ok / (t1 - t0), "cpu_us_per_sample": (cpu1 - cpu0) / ok * 1e6,
-                "load_average": os.getloadavg()[0],
+                "load_average": os.getloadavg()[0], "replicas": replicas, "leader": leader,
             }
             if sink is not None:
                 stats = sink.statistics()
@@ -153,6 +166,8 @@ async def forward_run(
                     "dropped": stats.dropped_samples, "retried": stats.retried,
                     "server_cpu_us_per_message": (srv1 - srv0) / stats.published * 1e6,
                     "server_cpu_us_per_sample": (srv1 - srv0) / ok * 1e6,
+                    # Each node's share, n1 first (the leader is named in "leader").
+                    "node_cpu_us_per_message": [n / stats.published * 1e6 for n in nodes],
                     "stored_bytes_per_sample": await stored_bytes(url) / ok,
                 }
             return result
@@ -169,7 +184,7 @@ async def stored_bytes(url: str) -> float:
         await nc.close()
 
 
-async def read_back(url: str, server_pid: int, expected: int) -> dict[str, Any]:
+async def read_back(url: str, server_pid: list[int], expected: int) -> dict[str, Any]:
     """A FleetReader decoding every stored sample, in this process."""
     decoder = aperf.decoders.from_struct("<QQ", "seq ts")
     got = 0
@@ -249,26 +264,46 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     os.sched_setaffinity(0, {SINK_CPU})
     results: dict[str, Any] = {"forward": [], "latency": []}
-    with tempfile.TemporaryDirectory(prefix="aperf-fleet-bench-") as tmp, NatsServer(tmp) as srv:
-        pid = srv.pid
-        for batch in [None, *args.batches] if "forward" in args.parts else []:
-            for rate in args.rates:
-                runs = [
-                    await forward_run(srv.url, pid, rate, args.seconds, batch)
-                    for _ in range(args.repeat)
-                ]
-                if batch == 256 and rate == args.rates[-1]:  # read the last run back
-                    results["read_back"] = await read_back(srv.url, pid, runs[-1]["read"])
-                best = median_run(runs)
-                results["forward"].append(best)
-                print(json.dumps(best), flush=True)
-        for wakeup in ("balanced", "lowest-latency") if "latency" in args.parts else ():
-            for rate in (1_000, 10_000):
-                run = await latency_run(srv.url, rate, args.latency_seconds, wakeup)
-                results["latency"].append(run)
-                print(json.dumps(run), flush=True)
+    clustered = max(args.replicas) > 1
+    with tempfile.TemporaryDirectory(prefix="aperf-fleet-bench-") as tmp:
+        servers = NatsCluster(tmp) if clustered else NatsServer(tmp)
+        with servers:
+            if isinstance(servers, NatsCluster):
+                url, pids = servers.urls[0], [s.pid for s in servers.servers]
+            else:
+                url, pids = servers.url, [servers.pid]
+            await measure(args, url, pids, results)
     print(json.dumps({"read_back": results.get("read_back")}), flush=True)
     return results
+
+
+async def measure(
+    args: argparse.Namespace, url: str, pids: list[int], results: dict[str, Any]
+) -> None:
+    for batch in [None, *args.batches] if "forward" in args.parts else []:
+        for rate in args.rates:
+            # Replica counts take turns within each repeat: a shared machine's load
+            # drifts over minutes, and R1 against R3 is the comparison wanted.
+            runs: dict[int, list[dict[str, Any]]] = {r: [] for r in args.replicas}
+            for _ in range(args.repeat):
+                for replicas in args.replicas if batch is not None else args.replicas[:1]:
+                    runs[replicas].append(
+                        await forward_run(url, pids, rate, args.seconds, batch, replicas)
+                    )
+                    if batch == 256 and rate == args.rates[-1] and replicas == 1:
+                        results["read_back"] = await read_back(
+                            url, pids, runs[replicas][-1]["read"]
+                        )
+            for found in runs.values():
+                if found:
+                    best = median_run(found)
+                    results["forward"].append(best)
+                    print(json.dumps(best), flush=True)
+    for wakeup in ("balanced", "lowest-latency") if "latency" in args.parts else ():
+        for rate in (1_000, 10_000):
+            run = await latency_run(url, rate, args.latency_seconds, wakeup)
+            results["latency"].append(run)
+            print(json.dumps(run), flush=True)
 
 
 def _offered(r: dict[str, Any]) -> str:
@@ -277,22 +312,23 @@ def _offered(r: dict[str, Any]) -> str:
 
 def table(results: dict[str, Any]) -> str:
     rows = [
-        "| sink batch | offered/s (reached) | forwarded samples/s | lost in kernel | messages/s | "
-        "forwarding thread CPU/sample | nats-server CPU/message | /sample | "
+        "| replicas | sink batch | offered/s (reached) | forwarded samples/s | lost in kernel | "
+        "messages/s | forwarding thread CPU/sample | nats-server CPU/message | /sample | "
         "stored bytes/sample |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["forward"]:
         lost = f"{r['lost_in_kernel'] / r['offered']:.1%}"
+        replicas = f"R{r.get('replicas', 1)}"
         if r["batch"] is None:
             rows.append(
-                f"| (none: aperf reads, counts) | {_offered(r)} | "
+                f"| - | (none: aperf reads, counts) | {_offered(r)} | "
                 f"{r['samples_per_s']:,.0f} | {lost} | - | {r['cpu_us_per_sample']:.2f} µs "
                 "| - | - | - |"
             )
             continue
         rows.append(
-            f"| {r['batch']} | {_offered(r)} | {r['samples_per_s']:,.0f} | {lost} | "
+            f"| {replicas} | {r['batch']} | {_offered(r)} | {r['samples_per_s']:,.0f} | {lost} | "
             f"{r['messages'] / r['seconds']:,.0f} | {r['cpu_us_per_sample']:.2f} µs | "
             f"{r['server_cpu_us_per_message']:.1f} µs | {r['server_cpu_us_per_sample']:.2f} µs | "
             f"{r['stored_bytes_per_sample']:.1f} |"
@@ -327,6 +363,10 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--parts", nargs="+", choices=("forward", "latency"), default=["forward", "latency"]
+    )
+    parser.add_argument(
+        "--replicas", type=int, nargs="+", default=[1],
+        help="stream replicas to measure, each in turn (above 1: on a 3-node cluster)",
     )
     cli = parser.parse_args()
     cli.repeat = 1 if cli.quick else 3

@@ -19,6 +19,9 @@ refused (``Malformed``: not aperf's, or forged) go to stderr. The
 durable consumer (``--durable``) remembers where the viewer stopped: a second
 run continues there. Create the JetStream stream once, before the tracers start:
 ``python -m aperf.fleet create-stream --nats URL``. Ctrl-C or SIGTERM stops it.
+The ``--nats-*`` options give credentials and TLS (docs/fleet.md, Security). When it
+cannot start (no server, no stream, credentials refused, a cluster without quorum
+for ``--nats-wait`` seconds) it prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aperf
+from aperf import _natsargs
 from aperf._trace.cli import FLEET_STREAM as TRACER  # the stream name tracers publish under
 from aperf._trace.cli import shipped_object, warn
 from aperf._trace.output import LineOutput
 from aperf._trace.render import HEADER, event_decoder, table_line
-from aperf.fleet import FleetConfigError, FleetReader, Gap, Malformed
+from aperf.fleet import FleetConfigError, FleetError, FleetReader, Gap, Malformed
 
 PROG = "fleet_view"
 HOST = "%-16s "
@@ -44,10 +48,13 @@ HOST = "%-16s "
 async def view(args: argparse.Namespace) -> int:
     with aperf.BPFObject(args.object) as obj:
         decoder = event_decoder(obj)  # names escaped, as the tracer shows them
-    reader = FleetReader(
-        args.nats, jetstream=args.jetstream, durable=args.durable, decoder=decoder,
-        subject=f"aperf.*.{TRACER}",
-    )
+    try:
+        reader = FleetReader(
+            _natsargs.servers(args.nats), jetstream=args.jetstream, durable=args.durable,
+            decoder=decoder, subject=f"aperf.*.{TRACER}", **_natsargs.keywords(args),
+        )
+    except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
+        raise FleetConfigError("--nats", str(exc)) from None
     out = await LineOutput.open()
     this = asyncio.current_task()
     assert this is not None
@@ -95,7 +102,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog=f"python -m examples.{PROG}",
         description="Print the exec/exit events of every host publishing to NATS JetStream.",
     )
-    parser.add_argument("--nats", required=True, metavar="URL", help="the NATS server")
+    parser.add_argument(
+        "--nats", required=True, metavar="URL[,URL...]",
+        help="the NATS server (several, comma-separated: nodes of a cluster)",
+    )
     parser.add_argument(
         "--jetstream", default="APERF", metavar="NAME", help="the JetStream stream (APERF)"
     )
@@ -107,14 +117,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--object", type=Path, default=shipped_object(), metavar="PATH",
         help="the tracer's BPF object, for its BTF (default: the one aperf ships)",
     )
+    _natsargs.add_arguments(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    _natsargs.quiet_tls_eof()
     try:
         return asyncio.run(view(args))
     except FleetConfigError as exc:
+        warn(f"{PROG}: {exc}")  # cannot start as told (FleetAuthError, FleetUnavailableError)
+        return 2
+    except FleetError as exc:  # the connection closed for good while reading
         warn(f"{PROG}: {exc}")
     except aperf.ObjectFileError as exc:
         warn(f"{PROG}: cannot open {exc.path}: {exc.detail}; build it with: make -C bpf")

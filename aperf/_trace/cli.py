@@ -1,7 +1,8 @@
 """``aperf-trace``: options, the trace loop, and every failure as one line on stderr.
 
 Exit status: 0 when stopped by SIGINT/SIGTERM or when the reader of stdout went
-away, 1 when it cannot run (one line says why), 2 for bad options (argparse).
+away, 1 when it cannot run (one line says why), 2 for bad options (argparse), and
+for ``--nats`` credentials or permissions the NATS server refused (one line).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import structlog
 
 import aperf
 
+from .. import _natsargs
 from .output import LineOutput
 from .preflight import SetupError, ensure_tracefs, missing_privileges
 from .render import HEADER, event_decoder, json_record, table_line
@@ -189,12 +191,26 @@ async def open_sink(args: argparse.Namespace) -> Any:
         from aperf.fleet import FleetConfigError, JetStreamSink
     except ImportError as exc:
         raise SetupError(str(exc)) from None
+    from aperf.fleet import FleetAuthError
+
+    _natsargs.quiet_tls_eof()
     try:
-        sink = JetStreamSink(args.nats, host=args.host, name=FLEET_STREAM)
+        sink = JetStreamSink(
+            _natsargs.servers(args.nats), host=args.host, name=FLEET_STREAM,
+            **_natsargs.keywords(args),
+        )
         await sink.open()
+    except FleetAuthError as exc:
+        raise OptionError(f"--nats: {exc}") from None
     except FleetConfigError as exc:
         raise SetupError(f"--nats: {exc}") from None
+    except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
+        raise OptionError(f"--nats: {exc}") from None
     return sink
+
+
+class OptionError(SetupError):
+    """An option is wrong (``--nats`` credentials the server refused): exit status 2."""
 
 
 async def publish(
@@ -218,7 +234,11 @@ async def publish(
             continue
         try:
             await sink.send(batch)
-        except aperf.AperfError:
+        except aperf.AperfError as exc:
+            from aperf.fleet import FleetAuthError
+
+            if isinstance(exc, FleetAuthError):  # e.g. this user may not publish as --host
+                raise OptionError(f"--nats: {exc}") from None
             if not stop.requested:  # else: the stop closed the sink meanwhile
                 raise
 
@@ -305,8 +325,9 @@ def parse_args(
     )
     if fleet:
         parser.add_argument(
-            "--nats", metavar="URL",
-            help="also publish every event to NATS JetStream at URL (needs aperf-bpf[nats]; the "
+            "--nats", metavar="URL[,URL...]",
+            help="also publish every event to NATS JetStream at URL (several, comma-separated: "
+            "nodes of a cluster; needs aperf-bpf[nats]; the "
             "stream must exist: python -m aperf.fleet create-stream --nats URL); "
             "python -m examples.fleet_view shows a fleet",
         )
@@ -314,6 +335,7 @@ def parse_args(
             "--host", default=socket.gethostname(), metavar="NAME",
             help="the host name published with --nats (default: this machine's)",
         )
+        _natsargs.add_arguments(parser)
     args = parser.parse_args(argv)
     if fleet and args.nats is not None:
         check_fleet_options(parser, args)
@@ -331,11 +353,12 @@ def check_fleet_options(parser: argparse.ArgumentParser, args: argparse.Namespac
         from aperf.fleet._args import name_problem, url_problem
     except ImportError:
         return
-    problem = url_problem(args.nats)
-    if problem:
-        shown = args.nats if len(args.nats) <= 80 else args.nats[:80] + "..."
-        parser.exit(2, f"{parser.prog}: error: argument --nats: {shown!r} is not a NATS "
-                    f"URL: {problem}\n")
+    for url in _natsargs.servers(args.nats):  # URL[,URL...]: each checked
+        problem = url_problem(url)
+        if problem:
+            shown = url if len(url) <= 80 else url[:80] + "..."
+            parser.exit(2, f"{parser.prog}: error: argument --nats: {shown!r} is not a NATS "
+                        f"URL: {problem}\n")
     problem = name_problem(args.host)
     if problem:
         shown = args.host if len(args.host) <= 40 else args.host[:40] + "..."
@@ -390,9 +413,9 @@ def main(
     args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
     configure_logging(args.verbose)
 
-    def fail(message: str) -> int:
+    def fail(message: str, status: int = 1) -> int:
         warn(f"{name}: {message}")
-        return 1
+        return status
 
     reason = missing_privileges()
     if reason is not None:
@@ -402,6 +425,8 @@ def main(
     try:
         ensure_tracefs()
         return run(args, trace)
+    except OptionError as exc:
+        return fail(str(exc), 2)
     except SetupError as exc:
         return fail(str(exc))
     except aperf.ObjectFileError as exc:

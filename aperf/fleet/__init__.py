@@ -25,9 +25,11 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from .._naming import show_public_names as _show_public_names
 from ._connect import create_stream as create_stream
+from ._errors import FleetAuthError as FleetAuthError
 from ._errors import FleetClosedError as FleetClosedError
 from ._errors import FleetConfigError as FleetConfigError
 from ._errors import FleetError as FleetError
+from ._errors import FleetUnavailableError as FleetUnavailableError
 from ._errors import FrameError as FrameError
 from ._events import FleetEvent as FleetEvent
 from ._events import Gap as Gap
@@ -38,11 +40,13 @@ from ._reader import FleetReader as FleetReader
 from ._sink import JetStreamSink as JetStreamSink
 
 __all__ = [
+    "FleetAuthError",
     "FleetClosedError",
     "FleetConfigError",
     "FleetError",
     "FleetEvent",
     "FleetReader",
+    "FleetUnavailableError",
     "FrameError",
     "Gap",
     "JetStreamSink",

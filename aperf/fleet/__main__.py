@@ -1,4 +1,8 @@
-"""``python -m aperf.fleet create-stream --nats URL``: make the JetStream stream a fleet uses."""
+"""``python -m aperf.fleet create-stream --nats URL``: make the JetStream stream a fleet uses.
+
+Exit status: 0 done, 1 the server could not do it (not there, no JetStream, no
+quorum, refused the change), 2 bad options or credentials the server refused.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +10,74 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, create_stream
-from ._errors import FleetConfigError
+from .._natsargs import add_arguments, keywords, quiet_tls_eof, servers
+from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, KEEP, create_stream
+from ._errors import FleetAuthError, FleetConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aperf.fleet")
     commands = parser.add_subparsers(dest="command", required=True)
     create = commands.add_parser(
-        "create-stream", help="create (or update) the JetStream stream aperf sinks publish to"
+        "create-stream", help="create (or update) the JetStream stream aperf sinks publish to",
+        description="Create the stream, or update it: an option left out keeps the existing "
+        "stream's value (a new stream gets the defaults shown).",
     )
-    create.add_argument("--nats", required=True, metavar="URL", help="the NATS server")
-    create.add_argument("--jetstream", default=DEFAULT_JETSTREAM, metavar="NAME")
-    create.add_argument("--subject-prefix", default=DEFAULT_PREFIX, metavar="PREFIX")
     create.add_argument(
-        "--max-bytes", type=int, default=1 << 30, metavar="N",
-        help="the most bytes the stream keeps (default 1 GiB)",
+        "--nats", required=True, metavar="URL[,URL...]",
+        help="the NATS server (several, comma-separated: nodes of a cluster)",
+    )
+    create.add_argument("--jetstream", default=DEFAULT_JETSTREAM, metavar="NAME")
+    create.add_argument(
+        "--subject-prefix", metavar="PREFIX", help=f"the stream takes PREFIX.> ({DEFAULT_PREFIX})"
+    )
+    create.add_argument(
+        "--max-bytes", type=int, metavar="N",
+        help="the most bytes the stream keeps (new stream: 1 GiB; -1: no limit)",
     )
     create.add_argument("--max-age", type=float, metavar="SECONDS", help="the oldest it keeps")
     create.add_argument(
-        "--discard", choices=("old", "new"), default="old",
+        "--discard", choices=("old", "new"),
         help="at a limit: drop the oldest messages (readers see Gaps), or refuse new ones "
-        "(sinks wait, kernels count the drops)",
+        "(sinks wait, kernels count the drops); new stream: old",
     )
-    create.add_argument("--memory", action="store_true", help="memory storage, not files")
+    create.add_argument(
+        "--memory", action="store_true", default=None, help="memory storage, not files"
+    )
+    create.add_argument(
+        "--replicas", type=int, metavar="N",
+        help="servers of a JetStream cluster that store every message: 3 on a cluster "
+        "(new stream: 1)",
+    )
+    add_arguments(create)
     args = parser.parse_args(argv)
+    quiet_tls_eof()
+    given = {
+        "subject_prefix": args.subject_prefix, "max_bytes": args.max_bytes,
+        "max_age": args.max_age, "discard": args.discard, "memory": args.memory,
+        "replicas": args.replicas,
+    }
+    changes: dict[str, Any] = {k: KEEP if v is None else v for k, v in given.items()}
+    if args.max_bytes == -1:
+        changes["max_bytes"] = None  # no limit
     try:
-        asyncio.run(
-            create_stream(
-                args.nats, jetstream=args.jetstream, subject_prefix=args.subject_prefix,
-                max_bytes=args.max_bytes, max_age=args.max_age, discard=args.discard,
-                memory=args.memory,
-            )
+        info = asyncio.run(
+            create_stream(servers(args.nats), jetstream=args.jetstream, **changes, **keywords(args))
         )
     except FleetConfigError as exc:
         print(f"aperf.fleet: {exc}", file=sys.stderr)
-        return 1
-    print(f"stream {args.jetstream} takes {args.subject_prefix}.>", file=sys.stderr)
+        return 2 if isinstance(exc, FleetAuthError) else 1
+    except (ValueError, TypeError) as exc:  # options that do not go together
+        print(f"aperf.fleet: {exc}", file=sys.stderr)
+        return 2
+    config = info.config
+    limit = f"{config.max_bytes} bytes" if config.max_bytes and config.max_bytes > 0 else "no"
+    print(
+        f"stream {config.name} takes {', '.join(config.subjects or [])}: "
+        f"{config.num_replicas} replica(s), {limit} limit", file=sys.stderr,
+    )
     return 0
 
 

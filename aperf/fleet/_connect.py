@@ -4,14 +4,24 @@ nats-py either retries a failed first connection for ever (``max_reconnect_attem
 or gives up on later outages too. aperf wants both: reconnect for ever once
 connected, yet fail fast and clearly when the first connection cannot be made.
 So the first connection runs with unlimited attempts under a deadline, and an
-authorization violation (which no retry cures) ends it at once.
+authorization violation or a certificate that does not verify (which no retry
+cures) ends it at once.
+
+JetStream in a cluster may be there and not serving: while there is no quorum or a
+leader is being elected its API does not answer (or answers 503). ``ready()``
+retries such requests up to a bound; only a server whose INFO says JetStream is off
+gets "start nats-server with -js".
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
+import os
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -21,14 +31,19 @@ from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
 
 from .._log import log
 from ._args import url_problem
-from ._errors import FleetConfigError
+from ._errors import FleetAuthError, FleetConfigError, FleetUnavailableError
 
 Servers = str | Sequence[str]
 Callback = Callable[[], Awaitable[None]]
+Path = str | os.PathLike[str]
+T = TypeVar("T")
 
 DEFAULT_JETSTREAM = "APERF"
 DEFAULT_PREFIX = "aperf"
 RECONNECT_WAIT = 0.25  # seconds between reconnection attempts: a restart is seen within this
+READY_PAUSE = 0.25  # seconds between JetStream requests while it is not serving
+REQUEST_TIMEOUT = 2.0  # the most one JetStream API request may take while opening
+PERMISSIONS = "permissions violation"  # nats-py lowercases the server's -ERR
 
 
 def server_list(servers: object) -> list[str]:
@@ -48,6 +63,108 @@ def server_list(servers: object) -> list[str]:
     return list(servers)
 
 
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """Who the client is to the server, and how it checks the server: checked once,
+    where the user gives them (``credentials()``), used at every (re)connection."""
+
+    options: Mapping[str, Any]
+    argument: str  # the argument to fix when the server refuses them
+
+    @property
+    def tls(self) -> bool:
+        return "tls" in self.options
+
+
+def credentials(
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    creds: Path | None = None,
+    tls_ca: Path | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+) -> Credentials:
+    """nats-py's connection options for these; one typed error per mistake."""
+    for argument, value in (("user", user), ("password", password), ("token", token)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{argument} must be a non-empty str or None, not {value!r}")
+    if password is not None and user is None:
+        raise ValueError("password needs user= too")
+    given = [a for a, v in (("user", user), ("token", token), ("creds", creds)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of user/password, token or creds, not {' and '.join(given)}")
+    options: dict[str, Any] = {}
+    argument = "servers"  # user:password@ in the URL, or no credentials
+    if user is not None:
+        options |= {"user": user, "password": password or ""}
+        argument = "password"
+    if token is not None:
+        options["token"] = token
+        argument = "token"
+    if creds is not None:
+        options["user_credentials"] = _readable("creds", creds)
+        argument = "creds"
+    if tls_key is not None and tls_cert is None:
+        raise ValueError("tls_key needs tls_cert= too")
+    if tls_ca is not None or tls_cert is not None:
+        options["tls"] = _tls_context(tls_ca, tls_cert, tls_key)
+    return Credentials(options, argument)
+
+
+def _readable(argument: str, path: Path) -> str:
+    name = os.fspath(path)
+    try:
+        with open(name, "rb"):
+            pass
+    except OSError as exc:
+        raise FleetConfigError(argument, f"cannot read {name}: {exc.strerror}") from None
+    return name
+
+
+def _tls_context(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext:
+    """A client context that verifies the server against ``ca`` (else the system's CAs),
+    and presents ``cert``/``key`` if given (servers with ``verify: true``)."""
+    cafile = _readable("tls_ca", ca) if ca is not None else None
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+    except ssl.SSLError as exc:
+        raise FleetConfigError("tls_ca", f"{cafile} holds no usable certificate: {exc}") from None
+    if cert is not None:
+        certfile = _readable("tls_cert", cert)
+        keyfile = _readable("tls_key", key) if key is not None else None
+        try:
+            context.load_cert_chain(certfile, keyfile)
+        except ssl.SSLError as exc:
+            raise FleetConfigError(
+                "tls_cert", f"cannot use the certificate {certfile} (and key): {exc}"
+            ) from None
+    return context
+
+
+class Refusals:
+    """Permission violations the server reported: nats-py hands them to ``error_cb``
+    only (the connection stays up, the request or message just goes nowhere)."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def note(self, exc: Exception) -> str | None:
+        text = str(exc)
+        if PERMISSIONS not in text.lower():
+            return None
+        self.last = text.removeprefix("nats: ")
+        return self.last
+
+    def check(self, argument: str) -> None:
+        if self.last is not None:
+            raise FleetAuthError(
+                argument, f"the NATS server refused what this user asked: {self.last} "
+                "(see the permissions in docs/fleet.md)"
+            )
+
+
 async def connect(
     servers: Servers,
     *,
@@ -57,13 +174,24 @@ async def connect(
     disconnected: Callback | None = None,
     reconnected: Callback | None = None,
     options: Mapping[str, Any] | None = None,
+    auth: Credentials | None = None,
+    refusals: Refusals | None = None,
+    inbox_prefix: str | None = None,
 ) -> Client:
-    """A connected client that reconnects for ever, or FleetConfigError within ``timeout``."""
+    """A connected client that reconnects for ever, or FleetConfigError within ``timeout``
+    (FleetAuthError when the server refuses the credentials or its certificate does
+    not verify)."""
     urls = server_list(servers)
     if timeout <= 0:
         raise ValueError(f"connect_timeout must be positive seconds, not {timeout!r}")
+    auth = auth or Credentials({}, "servers")
     errors: list[Exception] = []
-    refused = asyncio.Event()
+    refused: list[FleetAuthError] = []
+    gave_up_event = asyncio.Event()
+
+    def refuse(argument: str, why: str) -> None:
+        refused.append(FleetAuthError(argument, why))
+        gave_up_event.set()
 
     async def error_cb(exc: Exception) -> None:
         errors.append(exc)
@@ -71,7 +199,15 @@ async def connect(
         if isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(
             exc
         ):
-            refused.set()
+            refuse(auth.argument, f"the NATS server at {shown} refused the credentials "
+                   "(Authorization Violation): check the user and password, token or creds")
+        elif isinstance(exc, ssl.SSLCertVerificationError):
+            refuse("tls_ca", f"the TLS certificate of the NATS server at {shown} does not "
+                   f"verify: {exc.verify_message}")
+        elif isinstance(exc, ssl.SSLError):
+            refuse("tls_ca", f"TLS with the NATS server at {shown} failed: {exc}")
+        if refusals is not None:
+            refusals.note(exc)
         if on_error is not None:
             on_error(exc)
 
@@ -87,9 +223,13 @@ async def connect(
         settings["disconnected_cb"] = disconnected
     if reconnected is not None:
         settings["reconnected_cb"] = reconnected
+    if inbox_prefix is not None:
+        settings["inbox_prefix"] = inbox_prefix
+    settings.update(auth.options)
     settings.update(options or {})
+    shown = ", ".join(_without_password(u) for u in urls)
     attempt = asyncio.ensure_future(client.connect(urls, **settings))
-    gave_up = asyncio.ensure_future(refused.wait())
+    gave_up = asyncio.ensure_future(gave_up_event.wait())
     try:
         await asyncio.wait({attempt, gave_up}, timeout=timeout, return_when="FIRST_COMPLETED")
     finally:
@@ -100,12 +240,8 @@ async def connect(
     attempt.cancel()
     await asyncio.gather(attempt, return_exceptions=True)
     await client.close()
-    shown = ", ".join(_without_password(u) for u in urls)
-    if refused.is_set():
-        raise FleetConfigError(
-            "servers", f"the NATS server at {shown} refused the credentials "
-            "(Authorization Violation): check the user and password or token"
-        )
+    if refused:
+        raise refused[0]
     last = errors[-1] if errors else (attempt.exception() if attempt.done() else None)
     why = f": {type(last).__name__}: {last}" if last is not None else ""
     raise FleetConfigError(
@@ -120,42 +256,110 @@ def _without_password(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-_NO_JETSTREAM = (
+# What JetStream answers while it is there but not serving (no quorum, no leader,
+# a node still catching up): retried by ready(), up to its bound.
+_NOT_SERVING = (
     nats.errors.NoRespondersError,
     nats.errors.TimeoutError,
     nats.js.errors.ServiceUnavailableError,
+    asyncio.TimeoutError,
 )
 
 
-def _no_jetstream(exc: Exception) -> FleetConfigError:
+def _no_jetstream() -> FleetConfigError:
     return FleetConfigError(
-        "servers", f"the NATS server has no JetStream ({exc}); start nats-server with -js"
+        "servers", "the NATS server has no JetStream; start nats-server with -js"
     )
 
 
-async def stream_info(js: JetStreamContext, jetstream: str) -> StreamInfo:
+def _said(exc: BaseException) -> str:
+    """What the server answered, in words."""
+    if isinstance(exc, nats.js.errors.APIError) and exc.description:
+        return f"it answered {exc.code}: {exc.description}"
+    if isinstance(exc, (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)):
+        return "no responders: its JetStream API did not take the request"
+    return "its JetStream API did not answer"
+
+
+async def ready(
+    nc: Client,
+    request: Callable[[], Awaitable[T]],
+    *,
+    timeout: float,
+    refusals: Refusals | None = None,
+    argument: str = "servers",
+) -> T:
+    """``await request()``, asked again while JetStream is not serving (a cluster
+    without quorum, electing a leader), for up to ``timeout`` seconds.
+
+    FleetConfigError at once when the server's INFO says JetStream is off,
+    FleetAuthError when the server reported a permission violation meanwhile,
+    FleetUnavailableError, saying what the server answered, after ``timeout``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        # The INFO the server sent at (re)connection says whether it runs JetStream
+        # (nats-py keeps it in _server_info only).
+        if nc.is_connected and not nc._server_info.get("jetstream", False):
+            raise _no_jetstream()
+        try:
+            return await asyncio.wait_for(
+                request(), max(0.05, min(REQUEST_TIMEOUT, deadline - loop.time()))
+            )
+        except _NOT_SERVING as exc:
+            last: BaseException = exc
+        if refusals is not None:
+            refusals.check(argument)
+        if loop.time() + READY_PAUSE >= deadline:
+            raise FleetUnavailableError(
+                "servers", f"JetStream did not serve within {timeout:g} s ({_said(last)}); "
+                "a cluster without a quorum of its nodes, or electing a leader, does that"
+            ) from None
+        log.debug("JetStream not serving yet, asking again", error=repr(last))
+        await asyncio.sleep(READY_PAUSE)
+
+
+async def stream_info(
+    nc: Client,
+    js: JetStreamContext,
+    jetstream: str,
+    *,
+    timeout: float,
+    refusals: Refusals | None = None,
+) -> StreamInfo:
     """The stream's info, or FleetConfigError if JetStream is off or the stream is missing."""
     try:
-        return await js.stream_info(jetstream)
+        return await ready(
+            nc, lambda: js.stream_info(jetstream), timeout=timeout, refusals=refusals
+        )
     except nats.js.errors.NotFoundError:
         raise FleetConfigError(
             "jetstream", f"the JetStream stream {jetstream!r} does not exist; create it "
             "(aperf.fleet.create_stream, or python -m aperf.fleet create-stream)"
         ) from None
-    except _NO_JETSTREAM as exc:
-        raise _no_jetstream(exc) from None
 
 
-async def check_stream(js: JetStreamContext, jetstream: str, subject: str) -> StreamInfo:
+async def check_stream(
+    nc: Client,
+    js: JetStreamContext,
+    jetstream: str,
+    subject: str,
+    *,
+    timeout: float,
+    refusals: Refusals | None = None,
+) -> StreamInfo:
     """The info of stream ``jetstream``; FleetConfigError unless JetStream is on and that
     stream takes ``subject``."""
-    try:
-        found: str | None = await js.find_stream_name_by_subject(subject)
-    except nats.js.errors.NotFoundError:
-        found = None
-    except _NO_JETSTREAM as exc:
-        raise _no_jetstream(exc) from None
-    info = await stream_info(js, jetstream)
+
+    async def find() -> str | None:
+        try:
+            return await js.find_stream_name_by_subject(subject)
+        except nats.js.errors.NotFoundError:
+            return None
+
+    found = await ready(nc, find, timeout=timeout, refusals=refusals)
+    info = await stream_info(nc, js, jetstream, timeout=timeout, refusals=refusals)
     if found == jetstream:
         return info
     subjects = ", ".join(info.config.subjects or []) or "none"
@@ -166,48 +370,118 @@ async def check_stream(js: JetStreamContext, jetstream: str, subject: str) -> St
     )
 
 
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+
+KEEP: Literal[_Keep.KEEP] = _Keep.KEEP  # an argument of create_stream not given
+
+
 async def create_stream(
     servers: Servers,
     *,
     jetstream: str = DEFAULT_JETSTREAM,
-    subject_prefix: str = DEFAULT_PREFIX,
-    max_bytes: int | None = 1 << 30,
-    max_age: float | None = None,
-    max_msgs: int | None = None,
-    discard: str = "old",
-    memory: bool = False,
+    subject_prefix: str | _Keep = KEEP,
+    max_bytes: int | _Keep | None = KEEP,
+    max_age: float | _Keep | None = KEEP,
+    max_msgs: int | _Keep | None = KEEP,
+    discard: str | _Keep = KEEP,
+    memory: bool | _Keep = KEEP,
     connect_timeout: float = 5.0,
     connect_options: Mapping[str, Any] | None = None,
-) -> None:
-    """Create (or update) the JetStream stream that takes ``<subject_prefix>.>``.
+    replicas: int | _Keep = KEEP,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    creds: Path | None = None,
+    tls_ca: Path | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    ready_timeout: float = 10.0,
+) -> StreamInfo:
+    """Create (or update) the JetStream stream that takes ``<subject_prefix>.>``; return
+    its info as JetStream now has it.
 
     Its limits bound what the fleet keeps: with ``discard="old"`` the oldest
     messages go when a limit is hit (readers then see a [`Gap`][aperf.fleet.Gap]), with
     ``discard="new"`` publishing stops instead (sinks stop taking from their
     streams, and the kernels count the drops). File storage unless ``memory``.
+    ``replicas`` is how many servers of a JetStream cluster store every message
+    (give 3 on a cluster: an R1 stream dies with its node). ``None`` for a limit
+    means no limit.
+
+    Updating an existing stream changes only what is given: an argument left out
+    keeps the stream's value (re-running it with only ``max_bytes`` does not turn an
+    R3 stream into R1, nor drop its ``max_age``). A new stream gets
+    ``subject_prefix="aperf"``, ``max_bytes`` 1 GiB, no age or message limit,
+    ``discard="old"``, file storage and 1 replica. ``user``, ``password``,
+    ``token``, ``creds`` and the ``tls_*`` files are as for
+    [`JetStreamSink`][aperf.fleet.JetStreamSink]; ``ready_timeout`` bounds how long
+    it waits for a cluster that is not serving.
     """
-    if discard not in ("old", "new"):
+    if discard not in ("old", "new", KEEP):
         raise ValueError(f"discard must be 'old' or 'new', not {discard!r}")
+    if replicas is not KEEP and (
+        isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 5
+    ):
+        raise ValueError(f"replicas must be an int in 1..5, not {replicas!r}")
+    if ready_timeout <= 0:
+        raise ValueError(f"ready_timeout must be positive seconds, not {ready_timeout!r}")
+    auth = credentials(
+        user=user, password=password, token=token, creds=creds,
+        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+    )
+    refusals = Refusals()
     client = await connect(
-        servers, timeout=connect_timeout, name="aperf-create-stream", options=connect_options
+        servers, timeout=connect_timeout, name="aperf-create-stream", options=connect_options,
+        auth=auth, refusals=refusals,
     )
     try:
-        config = StreamConfig(
-            name=jetstream,
-            subjects=[f"{subject_prefix}.>"],
-            max_bytes=max_bytes if max_bytes is not None else -1,
-            max_age=max_age,
-            max_msgs=max_msgs if max_msgs is not None else -1,
-            discard=DiscardPolicy.OLD if discard == "old" else DiscardPolicy.NEW,
-            storage=StorageType.MEMORY if memory else StorageType.FILE,
-            duplicate_window=120.0,
-        )
         js = client.jetstream()
+
+        async def current() -> StreamConfig | None:
+            try:
+                return (await js.stream_info(jetstream)).config
+            except nats.js.errors.NotFoundError:
+                return None
+
+        old = await ready(client, current, timeout=ready_timeout, refusals=refusals)
+        changes: dict[str, Any] = {}
+        if subject_prefix is not KEEP:
+            changes["subjects"] = [f"{subject_prefix}.>"]
+        if max_bytes is not KEEP:
+            changes["max_bytes"] = max_bytes if max_bytes is not None else -1
+        if max_age is not KEEP:
+            changes["max_age"] = max_age
+        if max_msgs is not KEEP:
+            changes["max_msgs"] = max_msgs if max_msgs is not None else -1
+        if discard is not KEEP:
+            changes["discard"] = DiscardPolicy.OLD if discard == "old" else DiscardPolicy.NEW
+        if memory is not KEEP:
+            changes["storage"] = StorageType.MEMORY if memory else StorageType.FILE
+        if replicas is not KEEP:
+            changes["num_replicas"] = replicas
+        if old is None:
+            config = StreamConfig(
+                name=jetstream, subjects=[f"{DEFAULT_PREFIX}.>"], max_bytes=1 << 30,
+                max_msgs=-1, discard=DiscardPolicy.OLD, storage=StorageType.FILE,
+                num_replicas=1, duplicate_window=120.0,
+            )
+            config = dataclasses.replace(config, **changes)
+            apply = js.add_stream
+        else:
+            config = dataclasses.replace(old, **changes)
+            apply = js.update_stream
         try:
-            await js.add_stream(config)
-        except nats.js.errors.BadRequestError:
-            await js.update_stream(config)  # exists already: apply these limits
-        except _NO_JETSTREAM as exc:
-            raise _no_jetstream(exc) from None
+            info = await ready(client, lambda: apply(config), timeout=ready_timeout,
+                               refusals=refusals)
+        except nats.js.errors.APIError as exc:  # 400 bad config, 500 e.g. storage change
+            raise FleetConfigError(
+                "jetstream", f"JetStream refused to {'create' if old is None else 'update'} "
+                f"stream {jetstream!r}: {exc.description}"
+            ) from None
+        log.info("JetStream stream ready", stream=jetstream, created=old is None,
+                 replicas=info.config.num_replicas, subjects=info.config.subjects)
+        return info
     finally:
         await client.close()

@@ -21,6 +21,21 @@ class FleetConfigError(FleetError, ValueError):
         self.argument = argument
 
 
+class FleetAuthError(FleetConfigError):
+    """The NATS server refused who the client is or what it asked to do: a wrong user,
+    password, token or credentials file, a TLS certificate that does not verify, or a
+    permission the user lacks (a host publishing as another host, a reader without the
+    JetStream API subjects it needs). No retry cures it.
+    """
+
+
+class FleetUnavailableError(FleetConfigError):
+    """JetStream is enabled but did not serve the request within ``ready_timeout``
+    seconds: a cluster without a quorum or electing a leader. The message says what
+    the server answered (or that it did not answer).
+    """
+
+
 class FleetClosedError(FleetError):
     """The sink or reader was closed, or its NATS connection closed for good."""
 

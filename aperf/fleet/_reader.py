@@ -41,7 +41,18 @@ from .._events import BadSample, Sample
 from .._log import log
 from ._args import check_int, check_name, check_seconds
 from ._clock import BOOT_OFFSET_HEADER, parse_boot_offset
-from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, Servers, connect, server_list, stream_info
+from ._connect import (
+    DEFAULT_JETSTREAM,
+    DEFAULT_PREFIX,
+    Path,
+    Refusals,
+    Servers,
+    connect,
+    credentials,
+    ready,
+    server_list,
+    stream_info,
+)
 from ._errors import FleetClosedError, FleetConfigError, FrameError
 from ._events import FleetEvent, Gap, Malformed, ReaderStatistics
 from ._gaps import Hole, SourceTrack, Verdict
@@ -94,6 +105,14 @@ class FleetReader:
     stream disagrees with its subject, a forgery its sink run's chain of tags shows)
     is yielded as a [`Malformed`][aperf.fleet.Malformed] notice, counted, and
     acknowledged: it never raises out of ``async for`` and never blocks the consumer.
+
+    ``user``, ``password``, ``token``, ``creds``, the ``tls_*`` files,
+    ``connect_timeout`` and ``ready_timeout`` are as for
+    [`JetStreamSink`][aperf.fleet.JetStreamSink]: ``open()`` waits for a cluster
+    electing a leader, up to ``ready_timeout``. A reader's user needs the JetStream
+    API subjects of its stream and durable, and nothing on ``<subject_prefix>.>``
+    (docs/fleet.md). A permission the server refuses while reading raises
+    [`FleetAuthError`][aperf.fleet.FleetAuthError] out of the iteration.
     """
 
     def __init__(
@@ -111,6 +130,14 @@ class FleetReader:
         max_ack_pending: int = 1024,
         connect_timeout: float = 5.0,
         connect_options: Mapping[str, Any] | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        creds: Path | None = None,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        ready_timeout: float = 10.0,
     ) -> None:
         self._servers = server_list(servers)
         check_name("jetstream", jetstream)
@@ -131,6 +158,12 @@ class FleetReader:
         self._prefix = subject_prefix
         self._decoder = decoder
         self._connect_options = dict(connect_options or {})
+        self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
+        self._auth = credentials(
+            user=user, password=password, token=token, creds=creds,
+            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        )
+        self._refusals = Refusals()
         self._nc: Client | None = None
         self._psub: JetStreamContext.PullSubscription | None = None
         self._sources: dict[_Key, SourceTrack] = {}
@@ -162,11 +195,14 @@ class FleetReader:
             return
         nc = await connect(
             self._servers, timeout=self._connect_timeout, name=f"aperf-reader {self._durable}",
-            on_error=self._on_error, options=self._connect_options,
+            on_error=self._on_error, options=self._connect_options, auth=self._auth,
+            refusals=self._refusals,
         )
         try:
             js = nc.jetstream()
-            await stream_info(js, self._jetstream)
+            await stream_info(
+                nc, js, self._jetstream, timeout=self._ready_timeout, refusals=self._refusals
+            )
             config = ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
@@ -174,8 +210,11 @@ class FleetReader:
                 max_ack_pending=self._max_ack_pending,
             )
             try:
-                self._psub = await js.pull_subscribe(
-                    self._subject, durable=self._durable, stream=self._jetstream, config=config
+                self._psub = await ready(
+                    nc, lambda: js.pull_subscribe(
+                        self._subject, durable=self._durable, stream=self._jetstream,
+                        config=config,
+                    ), timeout=self._ready_timeout, refusals=self._refusals,
                 )
             except nats.js.errors.BadRequestError as exc:
                 raise FleetConfigError(
@@ -288,7 +327,10 @@ class FleetReader:
         try:
             msgs = await psub.fetch(self._batch, timeout=self._fetch_timeout)
         except nats.errors.TimeoutError:
-            return  # nothing new (or the server is away; the client reconnects)
+            # Nothing new (or the server is away; the client reconnects), unless the
+            # server refused the fetch or an acknowledgement: that lasts.
+            self._refusals.check("servers")
+            return
         except nats.errors.ConnectionClosedError:
             if self._closed:
                 return

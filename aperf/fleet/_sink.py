@@ -44,12 +44,15 @@ from ._clock import BOOT_OFFSET_HEADER, boot_offset_ns
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
+    Path,
+    Refusals,
     Servers,
     check_stream,
     connect,
+    credentials,
     server_list,
 )
-from ._errors import FleetClosedError, FleetConfigError
+from ._errors import FleetAuthError, FleetClosedError, FleetConfigError
 from ._events import SinkStatistics
 from ._wire import BAD, MIN_MESSAGE_BYTES, Framer, Outgoing, subject_token
 
@@ -102,8 +105,25 @@ class JetStreamSink:
     ``batch`` is the most samples per message, ``window`` the most messages
     published and not yet acknowledged, ``max_message_bytes`` the most bytes per
     message (capped by the server's max_payload). ``servers`` is a NATS URL (it
-    may hold ``user:password@``) or a list of them; ``connect_options`` go to
-    ``nats.connect`` (e.g. ``user_credentials``, ``tls``).
+    may hold ``user:password@``) or a list of them (the nodes of a cluster);
+    ``connect_options`` go to ``nats.connect`` as they are.
+
+    Who the sink is to the server: ``user`` and ``password``, or ``token``, or
+    ``creds`` (a ``.creds`` file: a user JWT and its nkey seed, as ``nsc`` makes
+    them). ``tls_ca`` is the CA file that signed the server's certificate (TLS;
+    ``tls://`` URLs use the system's CAs without it), ``tls_cert`` and ``tls_key``
+    the client certificate for servers that verify clients. Its replies come on
+    inboxes under ``_INBOX.aperf.<host>``: a host's user needs permission to
+    publish on ``<subject_prefix>.<host>.>`` and a few JetStream API subjects and to
+    subscribe there, no more (docs/fleet.md gives a server configuration). A
+    publish the server refuses (the user may not publish as this host) raises
+    [`FleetAuthError`][aperf.fleet.FleetAuthError] from the next ``send()`` or
+    ``flush()``, and what was in flight is counted as dropped.
+
+    ``open()`` waits up to ``connect_timeout`` seconds for a server, then up to
+    ``ready_timeout`` for JetStream to serve (a cluster without quorum, or electing
+    a leader, does not), and raises
+    [`FleetUnavailableError`][aperf.fleet.FleetUnavailableError] if it does not.
     """
 
     def __init__(
@@ -120,6 +140,14 @@ class JetStreamSink:
         ack_timeout: float = 2.0,
         connect_timeout: float = 5.0,
         connect_options: Mapping[str, Any] | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        creds: Path | None = None,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        ready_timeout: float = 10.0,
     ) -> None:
         self._servers = server_list(servers)
         self._host = host if host is not None else socket.gethostname()
@@ -138,10 +166,17 @@ class JetStreamSink:
         self._ack_timeout = check_seconds("ack_timeout", ack_timeout)
         self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
         self._connect_options = dict(connect_options or {})
-        token = f"{subject_token(self._host)}.{subject_token(name)}"
-        self._subject = f"{subject_prefix}.{token}"
+        self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
+        self._auth = credentials(
+            user=user, password=password, token=token, creds=creds,
+            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        )
+        self._refusals = Refusals()
+        tokens = f"{subject_token(self._host)}.{subject_token(name)}"
+        self._subject = f"{subject_prefix}.{tokens}"
+        self._inbox_prefix = f"_INBOX.aperf.{subject_token(self._host)}"
         self._epoch = int.from_bytes(os.urandom(8), "little")
-        self._id_prefix = f"{token}.{self._epoch:016x}."
+        self._id_prefix = f"{tokens}.{self._epoch:016x}."
         self._framer: Framer | None = None
         self._nc: Client | None = None
         self._inbox = ""
@@ -182,9 +217,15 @@ class JetStreamSink:
             disconnected=self._on_disconnected,
             reconnected=self._on_reconnected,
             options=self._connect_options,
+            auth=self._auth,
+            refusals=self._refusals,
+            inbox_prefix=self._inbox_prefix,
         )
         try:
-            info = await check_stream(nc.jetstream(), self._jetstream, self._subject)
+            info = await check_stream(
+                nc, nc.jetstream(), self._jetstream, self._subject,
+                timeout=self._ready_timeout, refusals=self._refusals,
+            )
             if nc.max_payload < MIN_MESSAGE_BYTES:
                 raise FleetConfigError(
                     "servers", f"the server's max_payload ({nc.max_payload} bytes) is below "
@@ -241,7 +282,8 @@ class JetStreamSink:
                     await asyncio.wait_for(self.flush(), timeout)
             for pending in list(self._inflight.values()):
                 self._drop(pending, "unacknowledged when the sink closed")
-            if nc is not None and self._framer is not None and nc.is_connected:
+            refused = isinstance(self._failure, FleetAuthError)  # the end would be refused too
+            if nc is not None and self._framer is not None and nc.is_connected and not refused:
                 await self._publish_bridges(nc)
                 await self._publish_end(nc, self._framer, timeout)
         finally:
@@ -446,6 +488,18 @@ class JetStreamSink:
 
     def _on_error(self, exc: Exception) -> None:
         log.debug("fleet sink: NATS error", subject=self._subject, error=str(exc))
+        refused = self._refusals.note(exc)
+        if refused is None or self._framer is None:
+            return  # not a refusal, or one while opening: open() raises it
+        # The server dropped what it refused (no acknowledgement will come), and will
+        # refuse every message on this subject: fail now, count what was in flight.
+        self._fail(FleetAuthError(
+            "host", f"the NATS server refused: {refused}; this user may not publish as "
+            f"host {self._host!r} (subject {self._subject!r}), or lacks a permission "
+            "docs/fleet.md lists"
+        ))
+        for pending in list(self._inflight.values()):
+            self._drop(pending, f"refused by the NATS server: {refused}")
 
     async def _on_disconnected(self) -> None:
         if self._connected:

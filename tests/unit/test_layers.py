@@ -25,7 +25,7 @@ FLOORS = {
     "_setup": 5, "_lifetime": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,
     "_waiting.epoll": 5, "_user_ringbuf": 5,
     "_stream": 6, "_sync": 6, "_signals": 6,
-    "__init__": 7, "abc": 7, "decoders": 7, "testing": 7,
+    "__init__": 7, "abc": 7, "decoders": 7, "testing": 7, "_natsargs": 7,
     "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
 }
 # Subpackages whose modules sit on floors of their own (the waiting protocols are

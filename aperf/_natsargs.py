@@ -1,0 +1,102 @@
+"""The ``--nats-*`` options every aperf command that talks to NATS takes (``aperf-trace
+--nats``, ``python -m aperf.fleet create-stream``, ``examples/fleet_view.py``).
+
+Here, not in aperf.fleet, so that ``aperf-trace --help`` works without nats-py.
+Secrets come from files, never from the command line, where every user of the
+machine can read them (``/proc/<pid>/cmdline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+DEFAULT_WAIT = 10.0  # seconds: a cluster elects a leader within a few
+
+
+def secret_file(path: str) -> str:
+    """An option's value read from the file ``path`` (the first line, without its end)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+    if not text:
+        raise argparse.ArgumentTypeError(f"{path} is empty")
+    return text
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the credentials, TLS and waiting options of a NATS connection."""
+    group = parser.add_argument_group(
+        "NATS connection (a URL may also hold user:password@; docs/fleet.md: Security)"
+    )
+    group.add_argument("--nats-user", metavar="NAME", help="the NATS user")
+    group.add_argument(
+        "--nats-password-file", type=secret_file, metavar="PATH", dest="nats_password",
+        help="a file holding the user's password (its first line)",
+    )
+    group.add_argument(
+        "--nats-token-file", type=secret_file, metavar="PATH", dest="nats_token",
+        help="a file holding the server's authorization token",
+    )
+    group.add_argument(
+        "--nats-creds", metavar="PATH", help="a NATS credentials file (user JWT and nkey seed)"
+    )
+    group.add_argument(
+        "--nats-ca", metavar="PATH", help="TLS: the CA certificate that signed the server's"
+    )
+    group.add_argument(
+        "--nats-cert", metavar="PATH", help="TLS: a client certificate (servers that verify)"
+    )
+    group.add_argument("--nats-key", metavar="PATH", help="TLS: the client certificate's key")
+    group.add_argument(
+        "--nats-wait", type=positive_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
+        help="how long to wait at start for a NATS server, then for JetStream to serve "
+        f"(a cluster electing a leader), each (default {DEFAULT_WAIT:g})",
+    )
+
+
+def servers(text: str) -> list[str]:
+    """``--nats URL[,URL...]``: the URLs (a cluster's nodes, any of which will do)."""
+    return [url.strip() for url in text.split(",") if url.strip()] or [text]
+
+
+def keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as keywords of JetStreamSink, FleetReader and create_stream."""
+    return {
+        "user": args.nats_user,
+        "password": args.nats_password,
+        "token": args.nats_token,
+        "creds": args.nats_creds,
+        "tls_ca": args.nats_ca,
+        "tls_cert": args.nats_cert,
+        "tls_key": args.nats_key,
+        "connect_timeout": args.nats_wait,
+        "ready_timeout": args.nats_wait,
+    }
+
+
+class _TlsEofNoise(logging.Filter):
+    """asyncio warns when nats-py's protocol returns True from ``eof_received`` under
+    TLS, which it does whenever the server closes a connection (as after refusing
+    credentials): a second, meaningless line under the command's own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received()" not in record.getMessage()
+
+
+def quiet_tls_eof() -> None:
+    """For the commands (never the library): drop that one asyncio warning."""
+    logging.getLogger("asyncio").addFilter(_TlsEofNoise())
