@@ -291,6 +291,9 @@ class JetStreamSink:
             self._closed_event.set()
             self._changed.set()
             if self._supervisor is not None:
+                # Python 3.11's wait_for can swallow a cancel that meets a wakeup: the
+                # supervisor also stops when it sees the sink closed, which the wake makes it see.
+                self._wake.set()
                 self._supervisor.cancel()
                 await asyncio.gather(self._supervisor, return_exceptions=True)
             if nc is not None:
@@ -523,7 +526,7 @@ class JetStreamSink:
 
     async def _resend_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closed:
             self._wake.clear()
             if self._connected and self._bridges and self._nc is not None:
                 await self._publish_bridges(self._nc)
