@@ -247,6 +247,9 @@ class Reader:
         try:
             span = ring.take()
             self.clock.drained(key)
+            # Caught up at an earlier drain without an exact count: a lost record at
+            # the front of this span announces the drops made while it was held back.
+            after = bool(losses.after) and key in losses.after
             if losses.marks:
                 losses.caught_up(ring)
             if not span:
@@ -254,7 +257,7 @@ class Reader:
             if len(span) > self.high_water.get(key, 0):
                 self.high_water[key] = len(span)
             segments, other = self.split(key, span)
-            if losses.after and key in losses.after and segments:
+            if after and segments:
                 losses.first_record(key, segments[0])
         except BrokenRingError as exc:
             # The records before the corrupt one are intact: hand them over, then fail.
