@@ -20,7 +20,8 @@ LostCounter = Literal["exact", "records", "none"]
 
 class LossLedger:
     """Per ring: the producer's count at open, what was reported, and what was reported
-    ahead of the lost records that will announce it; and which drops aperf's own queue caused (``queue``, see ``held_back``)."""
+    ahead of the lost records that will announce it; and which drops aperf's own queue
+    caused (``queue``, see ``held_back``)."""
 
     __slots__ = ("_ahead", "_base", "after", "marks", "queue", "reported")
 
