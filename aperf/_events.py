@@ -75,7 +75,18 @@ class _Failure(NamedTuple):
 
 @dataclass(frozen=True)
 class CpuStatistics:
-    """Counters of one ring (one CPU's) since the stream opened."""
+    """Counters of one ring (one CPU's) since the stream opened.
+
+    ``backlog_bytes`` is what the ring holds now, written and not yet taken
+    (record headers included; cilium/ebpf's ``Record.Remaining``, libbpf's
+    ``ring__avail_data_size``). ``high_water`` is the fullest the ring was
+    found: the largest span one drain took, as a fraction of ``ring_bytes``.
+    ``lost`` is split by cause: ``queue_lost`` counts the drops the kernel
+    made while aperf held the ring back because its own queue was full
+    (backpressure: ``max_pending``), ``ring_lost`` the others (the ring
+    filled faster than aperf drained it); ``queue_lost + ring_lost == lost``.
+    See docs/rings.md.
+    """
 
     cpu: int
     samples: int
@@ -85,6 +96,14 @@ class CpuStatistics:
     decode_errors: int
     other_records: int
     broken: bool
+    backlog_bytes: int = 0
+    high_water: float = 0.0
+    queue_lost: int = 0
+
+    @property
+    def ring_lost(self) -> int:
+        """Drops that were not the queue's: ``lost - queue_lost``."""
+        return self.lost - self.queue_lost
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,21 @@ class StreamStatistics:
     def decode_errors(self) -> int:
         """Samples the decoder refused, all CPUs."""
         return sum(c.decode_errors for c in self.cpus)
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes waiting in the rings now, all CPUs."""
+        return sum(c.backlog_bytes for c in self.cpus)
+
+    @property
+    def queue_lost(self) -> int:
+        """Drops made while aperf's queue was full, all CPUs."""
+        return sum(c.queue_lost for c in self.cpus)
+
+    @property
+    def ring_lost(self) -> int:
+        """The other drops, all CPUs: ``lost == queue_lost + ring_lost``."""
+        return sum(c.ring_lost for c in self.cpus)
 
 
 class SampleArray:

@@ -20,9 +20,10 @@ LostCounter = Literal["exact", "records", "none"]
 
 class LossLedger:
     """Per ring: the producer's count at open, what was reported, and what was reported
-    ahead of the lost records that will announce it."""
+    ahead of the lost records that will announce it; and which drops aperf's own queue
+    caused (``queue``, see ``held_back``)."""
 
-    __slots__ = ("_ahead", "_base", "reported")
+    __slots__ = ("_ahead", "_base", "after", "marks", "queue", "reported")
 
     def __init__(self, rings: Sequence[Ring]) -> None:
         self.reported = {ring.key: 0 for ring in rings}
@@ -32,6 +33,43 @@ class LossLedger:
             if total is not None:
                 self._base[ring.key] = total
         self._ahead = dict.fromkeys(self._base, 0)
+        self.queue: dict[int, int] = {}  # per ring: drops while aperf's queue held it back
+        self.marks: dict[int, int | None] = {}  # rings held back: the count at that moment
+        self.after: set[int] = set()  # caught up, no exact count: the next lost record is ours
+
+    def held_back(self, ring: Ring) -> None:
+        """aperf refused to drain ``ring`` because its queue is full: from now until it
+        drains the ring again, the kernel's drops on it are queue drops."""
+        if ring.key not in self.marks:
+            self.marks[ring.key] = ring.lost_total() if ring.key in self._base else None
+
+    def caught_up(self, ring: Ring) -> None:
+        """``ring`` was drained after being held back (its space is released): its drops
+        since ``held_back`` were aperf's queue's. With the producer's count that is exact;
+        without it, they are announced by the lost record the kernel writes in front of
+        the first sample that fits, the first record of the ring's next drain."""
+        key = ring.key
+        if key not in self.marks:
+            return
+        mark = self.marks.pop(key)
+        if mark is None:
+            self.after.add(key)
+        else:
+            total = ring.lost_total()
+            if total is not None:
+                self.queue[key] = self.queue.get(key, 0) + total - mark
+
+    def first_record(self, key: int, record: object) -> None:
+        """The first record of a drain: a lost record right after catching up (no exact
+        count) announces the drops made while the ring was held back."""
+        self.after.discard(key)
+        if isinstance(record, int):
+            self.queue[key] = self.queue.get(key, 0) + record
+
+    def split(self, key: int, lost: int) -> tuple[int, int]:
+        """``lost`` (what ``lost()`` says) as (queue drops, ring drops), which add up to it."""
+        queue = min(self.queue.get(key, 0), lost)
+        return queue, lost - queue
 
     def exact(self, key: int) -> bool:
         """Whether the producer counts this ring's drops itself."""

@@ -144,6 +144,7 @@ class Reader:
         self.paused = False
         self.closed = False
         self.counters = {key: [0, 0, 0, 0] for key in self.rings}
+        self.high_water: dict[int, int] = {}  # per ring: the largest span one drain took
         self.broken: set[int] = set()
         self._columns: Columns | None = None
         self.losses = LossLedger(rings)
@@ -236,7 +237,9 @@ class Reader:
         ring = self.rings.get(key)
         if ring is None:
             return 0
+        losses = self.losses
         if not force and self.pending >= self.max_pending:
+            losses.held_back(ring)
             self._pause(key)
             return 0
         self.stalled.discard(key)
@@ -244,9 +247,18 @@ class Reader:
         try:
             span = ring.take()
             self.clock.drained(key)
+            # Caught up at an earlier drain without an exact count: a lost record at
+            # the front of this span announces the drops made while it was held back.
+            after = bool(losses.after) and key in losses.after
+            if losses.marks:
+                losses.caught_up(ring)
             if not span:
                 return 0
+            if len(span) > self.high_water.get(key, 0):
+                self.high_water[key] = len(span)
             segments, other = self.split(key, span)
+            if after and segments:
+                losses.first_record(key, segments[0])
         except BrokenRingError as exc:
             # The records before the corrupt one are intact: hand them over, then fail.
             self._retire(ring)
@@ -558,20 +570,7 @@ class Reader:
         return self.losses.counter(self.source.records)
 
     def statistics(self) -> StreamStatistics:
-        losses, errors = self.losses, self.builder.errors
-        cpus = tuple(
-            CpuStatistics(
-                cpu=key,
-                samples=c[_SAMPLES],
-                lost=losses.lost(key, self.rings.get(key)),
-                bytes=c[_BYTES],
-                wakeups=c[_WAKEUPS],
-                decode_errors=errors.get(key, 0),
-                other_records=c[_OTHER],
-                broken=key in self.broken,
-            )
-            for key, c in sorted(self.counters.items())
-        )
+        cpus = tuple(self._cpu_statistics(key, c) for key, c in sorted(self.counters.items()))
         return StreamStatistics(
             cpus=cpus,
             pending=self.pending + len(self.held) + sum(
@@ -584,6 +583,25 @@ class Reader:
             closed=self.closed,
             drain_period=None if self.closed else self.period(self.clock.now()),
             lost_counter=self.lost_counter,
+        )
+
+    def _cpu_statistics(self, key: int, c: list[int]) -> CpuStatistics:
+        losses, ring = self.losses, self.rings.get(key)
+        lost = losses.lost(key, ring)
+        queue_lost, _ = losses.split(key, lost)
+        size = self.ring_bytes
+        return CpuStatistics(
+            cpu=key,
+            samples=c[_SAMPLES],
+            lost=lost,
+            bytes=c[_BYTES],
+            wakeups=c[_WAKEUPS],
+            decode_errors=self.builder.errors.get(key, 0),
+            other_records=c[_OTHER],
+            broken=key in self.broken,
+            backlog_bytes=0 if ring is None else ring.pending_bytes(),
+            high_water=self.high_water.get(key, 0) / size if size else 0.0,
+            queue_lost=queue_lost,
         )
 
     def log_summary(self, event: str) -> None:

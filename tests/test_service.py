@@ -407,6 +407,14 @@ def test_metrics_parse_and_grow(service: Service) -> None:
                  "aperf_wakeups_total", "aperf_decode_errors_total"):
         assert set(per_label(before, name, "cpu")) <= cpus
         assert per_label(before, name, "cpu"), f"no per-CPU {name}"
+    # Drops by cause, per CPU: both reasons always there (they add up to all drops).
+    reasons = {(dict(k)["cpu"], dict(k)["reason"]) for n, k in before if n == "aperf_lost_total"}
+    assert reasons == {(cpu, r) for cpu, _ in reasons for r in ("queue", "ring")}
+    for name in ("aperf_ring_backlog_bytes", "aperf_ring_high_water_ratio"):
+        values = per_label(before, name, "cpu")
+        assert values and set(values) <= cpus, name
+    assert all(0 <= v <= 1 for v in per_label(before, "aperf_ring_high_water_ratio",
+                                               "cpu").values())
     assert total(before, "aperf_stream_open") == 1
     assert ("aperf_sse_clients", frozenset()) in before
 
@@ -464,6 +472,13 @@ def test_kernel_losses_reach_metrics_and_clients(tracefs: None, tmp_path: Path) 
                 for cpu in cpus:
                     subprocess.run([taskset, "-c", str(cpu), true], check=True)
                 time.sleep(0.1)
+            # The service's queue was not full: the rings overflowed, all drops are "ring".
+            by_reason: dict[str, float] = {}
+            for (name, labels), value in svc.metrics().items():
+                if name == "aperf_lost_total":
+                    reason = dict(labels)["reason"]
+                    by_reason[reason] = by_reason.get(reason, 0) + value
+            assert by_reason["queue"] == 0 and by_reason["ring"] > 0
             notices = fast.read_until(lambda m: m.event == "lost")
             lost = notices[-1].json()
             assert lost["count"] > 0 and lost["cpu"] in cpus

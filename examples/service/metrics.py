@@ -2,7 +2,7 @@
 
 The collector keeps no state of its own: at each scrape it reads ``stream.statistics()`` (an
 immutable snapshot) and the hub's counters. Labels are bounded: ``cpu`` (one per ring) and
-``reason`` (two values); nothing is labelled per client. The registry also holds
+``reason`` (a few values); nothing is labelled per client. The registry also holds
 prometheus_client's process, platform and GC collectors, so ``process_*`` (CPU, memory, fds)
 and ``python_gc_*`` come for free.
 """
@@ -26,11 +26,19 @@ from .source import TraceSource
 # (family, CpuStatistics field, help) of the per-CPU counters.
 PER_CPU_COUNTERS = (
     ("aperf_samples", "samples", "Samples read from each CPU's perf ring."),
-    ("aperf_lost", "lost", "Samples the kernel dropped because a ring was full."),
     ("aperf_bytes", "bytes", "Bytes read from each CPU's perf ring."),
     ("aperf_wakeups", "wakeups", "Kernel wakeups of the reader per CPU."),
     ("aperf_decode_errors", "decode_errors", "Samples that did not decode."),
 )
+# (family, CpuStatistics field, help) of the per-CPU gauges of ring occupancy.
+PER_CPU_GAUGES = (
+    ("aperf_ring_backlog_bytes", "backlog_bytes",
+     "Bytes waiting in each CPU's ring now, written and not yet read."),
+    ("aperf_ring_high_water_ratio", "high_water",
+     "The fullest each CPU's ring was found at a drain, as a fraction of its size."),
+)
+# reason label of aperf_lost_total -> CpuStatistics field; the two add up to all drops.
+LOST_REASONS = (("queue", "queue_lost"), ("ring", "ring_lost"))
 
 
 class ServiceCollector(Collector):
@@ -76,6 +84,20 @@ class ServiceCollector(Collector):
             for c in stats.cpus:
                 family.add_metric([str(c.cpu)], getattr(c, field))
             yield family
+        lost = CounterMetricFamily(
+            "aperf_lost",
+            "Samples the kernel dropped because a ring was full: while the service's queue "
+            "was full and held the ring back (queue), or otherwise (ring).",
+            labels=["cpu", "reason"])
+        for c in stats.cpus:
+            for reason, field in LOST_REASONS:
+                lost.add_metric([str(c.cpu), reason], getattr(c, field))
+        yield lost
+        for name, field, text in PER_CPU_GAUGES:
+            gauge = GaugeMetricFamily(name, text, labels=["cpu"])
+            for c in stats.cpus:
+                gauge.add_metric([str(c.cpu)], getattr(c, field))
+            yield gauge
         broken = GaugeMetricFamily("aperf_ring_broken",
                                    "1 if the CPU's ring was stopped as corrupt.", labels=["cpu"])
         for c in stats.cpus:
