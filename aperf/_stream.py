@@ -347,6 +347,12 @@ class PerfStream(Generic[T]):
             added = 1
         if not reader.watches(handle) and self._loop is not None:
             self._loop.forget(handle)
+        watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
+        if self._loop is not None and (watch or forget):
+            for gone in forget:
+                self._loop.forget(gone)
+            self._loop.watch(watch, weak_callback(self._on_ready), reader.source.acknowledge)
+            reader.deadline = self._loop.time()  # look at the new rings once they are armed
         if added:
             self._wake()
         if reader.deadline != self._timer_at:

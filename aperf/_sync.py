@@ -248,6 +248,12 @@ class PerfBuffer(Generic[T]):
                     raise ClosedResourceError("this PerfBuffer was closed while polling")
                 for handle in ready:
                     reader.on_ready(handle)
+                watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
+                for handle in forget:
+                    self._waiter.forget(handle)
+                for handle in watch:
+                    self._waiter.watch(handle)
+                    reader.drain_all()  # what the new ring got before it was watched
                 if ticking and tick_at is not None and time.monotonic() >= tick_at:
                     reader.tick()
                 if reader.has_events():
