@@ -23,6 +23,9 @@ from .conftest import bring_cpus_online
 
 ONLINE = Path("/sys/devices/system/cpu/cpu1/online")
 N = 3000  # into a one-page ring, unread: about 100 fit, the rest are dropped
+# Then one that carries the lost record (the kernel wakes the reader for it), then a few
+# far below the kernel's half-ring wakeup: they wait in the ring.
+K = 5
 M = 50  # fits in the new one-page ring
 # No wakeup, and no timer within a test: only the hotplug reads CPU 1 unasked.
 NEVER = aperf.Wakeup(events=10**6, max_latency=3600.0)
@@ -78,21 +81,31 @@ async def test_stream_drains_a_cpu_gone_offline_and_reads_it_when_back(
 ) -> None:
     events: list[object] = []
     async with aperf.PerfStream(producer.map, pages=1, wakeup=NEVER) as stream:
+        await anyio.sleep(0.05)  # the first look at the rings, due at open, is over
         producer.emit(N, cpu=1)  # nothing reads meanwhile: the loop is blocked here
         dropped = producer.counters().failed
         assert dropped > 0
+        with anyio.fail_after(10):
+            while stream.statistics().cpus[1].samples < N - dropped:
+                await anyio.sleep(0.02)  # the full ring woke the loop: drained
+        producer.emit(1, cpu=1)
+        total = N + 1
+        with anyio.fail_after(10):
+            while stream.statistics().cpus[1].samples < total - dropped:
+                await anyio.sleep(0.02)  # woken for the lost record
+        producer.emit(K, cpu=1)
         with cpu1.offline():
             with anyio.fail_after(10):
-                while stream.statistics().cpus[1].samples < N - dropped:
-                    await anyio.sleep(0.02)  # the loop alone: the uevent makes it drain CPU 1
+                while stream.statistics().cpus[1].samples < total - dropped + K:
+                    await anyio.sleep(0.02)  # nothing wakes: the uevent makes it drain CPU 1
             with anyio.fail_after(10):
                 async for event in stream:
                     events.append(event)
-                    if sum(tally(events)) >= N:
+                    if sum(tally(events)) >= total + K:
                         break
             # Before CPU 1 is back: what the kernel wrote is delivered, what it dropped
-            # counted, exactly (no sample can follow to carry a lost record).
-            assert tally(events) == (N - dropped, dropped)
+            # counted, exactly.
+            assert tally(events) == (total - dropped + K, dropped)
         # Back online: the stream opens a ring for it; until then outputs fail.
         failed = ok = 0
         with anyio.fail_after(10):
@@ -105,14 +118,14 @@ async def test_stream_drains_a_cpu_gone_offline_and_reads_it_when_back(
         with anyio.fail_after(10):
             async for event in stream:
                 events.append(event)
-                if sum(tally(events)) >= N + ok + M:
+                if sum(tally(events)) >= total + K + ok + M:
                     break
         stats = {c.cpu: c for c in stream.statistics().cpus}
-    assert tally(events) == (N - dropped + ok + M, dropped)
+    assert tally(events) == (total - dropped + K + ok + M, dropped)
     counters = producer.counters()
     assert counters.failed == dropped + failed
-    assert counters.ok == N - dropped + ok + M
-    assert (stats[1].samples, stats[1].lost) == (N - dropped + ok + M, dropped)
+    assert counters.ok == total - dropped + K + ok + M
+    assert (stats[1].samples, stats[1].lost) == (total - dropped + K + ok + M, dropped)
     assert not stats[1].broken
 
 
@@ -125,11 +138,20 @@ def test_perf_buffer_drains_a_cpu_gone_offline_and_reads_it_when_back(
     ) as pb:
         producer.emit(N, cpu=1)
         dropped = producer.counters().failed
+        deadline = time.monotonic() + 10
+        while pb.statistics().cpus[1].samples < N - dropped and time.monotonic() < deadline:
+            pb.poll(100)  # the full ring woke it
+        producer.emit(1, cpu=1)
+        total = N + 1
+        deadline = time.monotonic() + 10
+        while pb.statistics().cpus[1].samples < total - dropped and time.monotonic() < deadline:
+            pb.poll(100)
+        producer.emit(K, cpu=1)
         with cpu1.offline():
             deadline = time.monotonic() + 10
-            while sum(tally(events)) < N and time.monotonic() < deadline:
-                pb.poll(100)
-            assert tally(events) == (N - dropped, dropped)
+            while sum(tally(events)) < total + K and time.monotonic() < deadline:
+                pb.poll(100)  # nothing wakes but the uevent
+            assert tally(events) == (total - dropped + K, dropped)
         failed, ok, deadline = 0, 1, time.monotonic() + 10
         while not probe(producer):
             failed += 1
@@ -138,8 +160,8 @@ def test_perf_buffer_drains_a_cpu_gone_offline_and_reads_it_when_back(
         producer.emit(M, cpu=1)
         pb.consume()
         deadline = time.monotonic() + 10
-        while sum(tally(events)) < N + ok + M and time.monotonic() < deadline:
+        while sum(tally(events)) < total + K + ok + M and time.monotonic() < deadline:
             pb.poll(100)
         assert 1 in pb.cpus
-    assert tally(events) == (N - dropped + ok + M, dropped)
+    assert tally(events) == (total - dropped + K + ok + M, dropped)
     assert producer.counters().failed == dropped + failed
