@@ -396,7 +396,8 @@ class PerfEventArraySource(MapBackedSource):
         rings = self._rings
         if rings is not None:
             added = list(self._added.values())
-            slots = [ring.slot for perf in (rings, *(a.rings for a in added)) for ring in perf.rings]
+            perfs = (rings, *(a.rings for a in added))
+            slots = [ring.slot for perf in perfs for ring in perf.rings]
             lb.delete_slots(self._map_fd, slots)
             lb.rcu_grace_period()
             for fd in (self._map_fd, *(a.map_fd for a in added)):

@@ -61,6 +61,10 @@ class PerfStream(Generic[T]):
     ``run_arrays(on_array)``). Events are ``aperf.Sample[T] | aperf.Lost |
     aperf.BadSample``, where ``T`` is what the decoder returns.
 
+    Opened on every online CPU (no ``cpus=``), it follows CPU hotplug: a CPU that goes
+    offline has its ring drained and its losses reported, one that comes online gets a
+    ring (docs/rings.md, "CPU hotplug").
+
     Args:
         source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
             else, or the path of a pinned map (the map's type picks how it is read: a

@@ -34,7 +34,8 @@ class PerfBuffer(Generic[T]):
     samples; 0 on timeout), like ``perf_buffer__poll``. ``consume()`` handles
     everything pending on every ring without waiting; ``consume_buffer(cpu)``
     one CPU's ring (aperf keys rings by CPU id where libbpf takes an index:
-    see ``cpus``).
+    see ``cpus``). ``poll()`` also follows CPU hotplug, as ``PerfStream`` does
+    (docs/rings.md, "CPU hotplug").
 
     The callbacks are given here, as to libbpf's ``perf_buffer__new``, and are plain
     functions (coroutines need ``aperf.PerfStream``). Exceptions raised by callbacks
