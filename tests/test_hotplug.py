@@ -31,9 +31,11 @@ M = 50  # fits in the new one-page ring
 NEVER = aperf.Wakeup(events=10**6, max_latency=3600.0)
 
 
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, object]]:
-    return ("asyncio", {})  # one loop: each run takes a CPU of a shared machine offline
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    # Not uvloop too: each run takes a CPU of a shared machine offline; asyncio and trio
+    # watch added handles in different ways.
+    return (request.param, {})
 
 
 class Cpu1:
