@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import anyio
 import pytest
 
 import aperf
+from aperf import _libbpf as lb
 from aperf.testing import Producer
 
 from .conftest import bring_cpus_online
@@ -167,3 +170,33 @@ def test_perf_buffer_drains_a_cpu_gone_offline_and_reads_it_when_back(
         assert 1 in pb.cpus
     assert tally(events) == (total - dropped + K + ok + M, dropped)
     assert producer.counters().failed == dropped + failed
+
+
+def test_a_cpu_offline_at_open_gets_a_ring_and_its_lock_slot_when_it_comes_online(
+    cpu1: Cpu1, producer: Producer
+) -> None:
+    events: list[object] = []
+    with cpu1.offline():
+        pb = aperf.PerfBuffer(producer.map, pages=1, on_sample=events.append)
+    with pb:
+        assert pb.cpus == [0]  # nothing for CPU 1 yet
+        failed, deadline = 0, time.monotonic() + 10
+        while not probe(producer):
+            failed += 1
+            assert time.monotonic() < deadline, "CPU 1 never got a ring"
+            pb.poll(20)
+        producer.emit(M, cpu=1)
+        pb.consume()
+        assert tally(events) == (1 + M, 0)
+        assert pb.cpus == [0, 1]
+        assert producer.counters().failed == failed
+        # Slot 1 is this process's now: another process sees it locked by us.
+        map_id = lb.object_id(producer.map.fd)[1]
+        script = (
+            "import sys; from aperf._map_lock import MapLock; "
+            "m = MapLock(int(sys.argv[1]), 'probe', [1]); m._open(); "
+            "print([pid for pid, _ in m.holders()]); m.release()"
+        )
+        seen = subprocess.run([sys.executable, "-c", script, str(map_id)], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        assert seen == f"[{os.getpid()}]"
