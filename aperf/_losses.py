@@ -105,6 +105,16 @@ class LossLedger:
         self._ahead[key] += missing
         return missing
 
+    def reopened(self, ring: Ring) -> None:
+        """A new ring for ``ring.key`` (its CPU came back online): its producer counts from
+        its own start, after everything reported on the key's earlier rings."""
+        key = ring.key
+        self.reported.setdefault(key, 0)
+        total = ring.lost_total()
+        if total is not None:
+            self._base[key] = total - self.reported[key]
+            self._ahead[key] = 0
+
     def lost(self, key: int, ring: Ring | None) -> int:
         """What the producer counts as lost on this ring (``ring``: None once it is
         gone), if more than the reader reported yet."""

@@ -297,6 +297,19 @@ class MapLock:
                 genuine = TakenOverError(self.name, self.map_id, pid)
         return genuine
 
+    def add_slot(self, slot: int) -> bool:
+        """Lock one more slot (a CPU that came online); False if another process holds it."""
+        if not self._held or self._fd < 0 or any(s <= slot < s + n for s, n in self.runs):
+            return self._held
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, slot)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            return False
+        self.runs.append((slot, 1))
+        return True
+
     def give_up(self) -> None:
         """Taken over: unlock our slots now, for the taker waiting on them. The socket
         stays open until ``release``: the driver still watches it."""

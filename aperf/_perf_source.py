@@ -21,6 +21,7 @@ from ._errors import (
     LibbpfError,
     RingSizeError,
 )
+from ._hotplug import RESYNC, CpuWatch
 from ._log import log
 from ._map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
@@ -151,6 +152,43 @@ class _LibbpfReadRing(_KernelPerfRing):
         return self._rings.consume_records(self._index)
 
 
+def _point_at_null(fd: int) -> None:
+    """Make ``fd`` a /dev/null: what libbpf later deletes through it goes nowhere."""
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+
+
+class _CpuRing:
+    """The ring of one CPU that came online after the stream opened: a libbpf perf
+    buffer of its own (so that it can be freed alone) on a map fd of its own (so that
+    freeing it can leave the slot to the CPU's next ring)."""
+
+    def __init__(self, map_fd: int, cpu: int, ring_args: dict[str, object]) -> None:
+        self.map_fd = os.dup(map_fd)
+        try:
+            self.rings = lb.PerfRings(self.map_fd, cpus=[cpu], **ring_args)  # type: ignore[arg-type]
+        except BaseException:
+            os.close(self.map_fd)
+            raise
+
+    def free(self, *, keep_slot: bool) -> None:
+        if keep_slot:
+            _point_at_null(self.map_fd)
+        try:
+            self.rings.free()
+        finally:
+            os.close(self.map_fd)
+
+    def forget_after_fork(self) -> None:
+        try:
+            self.rings.forget_after_fork()
+        finally:
+            os.close(self.map_fd)
+
+
 class PerfEventArraySource(MapBackedSource):
     """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
 
@@ -162,6 +200,16 @@ class PerfEventArraySource(MapBackedSource):
         self._rings: lb.PerfRings | None = None
         self._map_fd = -1
         self._paused = False
+        # CPU hotplug (streams over every online CPU): the uevent socket, the changes
+        # it announced, each CPU's live ring, the rings opened for CPUs that came
+        # online later, and those retired (their CPU went offline) and not freed yet.
+        self._cpu_watch: CpuWatch | None = None
+        self._announced: list[tuple[str, int]] = []
+        self._live: dict[int, PerfRing] = {}
+        self._added: dict[int, _CpuRing] = {}
+        self._retired: list[_CpuRing] = []
+        self._ring_args: dict[str, object] = {}
+        self._max_entries = 0
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
         if self._rings is not None:
@@ -201,18 +249,90 @@ class PerfEventArraySource(MapBackedSource):
                 wakeup_watermark=watermark,
             )
         self._ring_bytes = ring_bytes
-        perf = self._rings
-        if ring_access() == "direct":
-            rings: list[PerfRing] = [
-                _KernelPerfRing(h.slot, h.fd, h.memory, exact) for h in perf.rings
-            ]
-        else:
-            rings = [
-                _LibbpfReadRing(h.slot, h.fd, h.memory, exact, perf, index)
-                for index, h in enumerate(perf.rings)
-            ]
+        rings = self._views(self._rings, exact)
         self._memory_bytes = len(rings) * (ring_bytes + PAGE_SIZE)
+        if config.cpus is None:
+            self._watch_hotplug(max_entries=facts.max_entries, page_count=pages,
+                                wakeup_events=events, wakeup_watermark=watermark,
+                                count_lost=exact)
+            self._live = {ring.key: ring for ring in rings}
         return rings
+
+    @staticmethod
+    def _views(perf: lb.PerfRings, exact: bool) -> list[PerfRing]:
+        if ring_access() == "direct":
+            return [_KernelPerfRing(h.slot, h.fd, h.memory, exact) for h in perf.rings]
+        return [
+            _LibbpfReadRing(h.slot, h.fd, h.memory, exact, perf, index)
+            for index, h in enumerate(perf.rings)
+        ]
+
+    # --- CPU hotplug ---------------------------------------------------------------------
+
+    def _watch_hotplug(self, *, max_entries: int, **ring_args: object) -> None:
+        """Listen for CPUs going offline and coming online (where the kernel lets us:
+        uevents reach the initial network namespace only; elsewhere no hotplug)."""
+        try:
+            self._cpu_watch = CpuWatch()
+        except OSError as exc:
+            log.debug("no cpu hotplug uevents", map=self.name, error=str(exc))
+            return
+        self._max_entries = max_entries
+        self._ring_args = ring_args
+
+    @property
+    def notices(self) -> list[int]:
+        """The map lock's notice, and the CPU hotplug uevent socket (``cpus_changed``)."""
+        watch = self._cpu_watch
+        return [*super().notices, *([watch.fd] if watch is not None and watch.fd >= 0 else [])]
+
+    def cpus_changed(self) -> tuple[list[int], list[PerfRing]]:
+        """After the uevent socket fired: the keys of the rings whose CPU went offline
+        (still readable: the reader drains them; they are freed at the next change or
+        at close), and new rings for the CPUs that came online, in their slots."""
+        changes, self._announced = self._announced, []
+        if not changes or self._rings is None:
+            return [], []
+        for stale in self._retired:  # retired at an earlier change: drained and unwatched
+            stale.free(keep_slot=True)  # the slot may hold the CPU's new ring already
+        self._retired = []
+        online = set(online_cpus())
+        # An offline CPU's event never runs again, even once the CPU is back.
+        went = {cpu for action, cpu in changes if action == "offline"}
+        gone = [cpu for cpu in self._live if cpu in went or cpu not in online]
+        for cpu in gone:
+            del self._live[cpu]
+            added = self._added.pop(cpu, None)
+            if added is not None:
+                self._retired.append(added)
+        if RESYNC in changes:
+            log.warning("cpu hotplug uevents lost: compared with sysfs", map=self.name)
+        new: list[PerfRing] = []
+        for cpu in sorted(online - self._live.keys()):
+            ring = self._open_cpu(cpu)
+            if ring is not None:
+                self._live[cpu] = ring
+                new.append(ring)
+        return gone, new
+
+    def _open_cpu(self, cpu: int) -> PerfRing | None:
+        """A ring for a CPU that came online, in its slot (empty while paused)."""
+        if cpu >= self._max_entries:
+            return None
+        if self._map_lock is not None and not self._map_lock.add_slot(cpu):
+            log.warning("slot of a cpu that came online is locked by another reader",
+                        map=self.name, cpu=cpu)
+            return None
+        try:
+            added = _CpuRing(self._map_fd, cpu, self._ring_args)
+        except LibbpfError as exc:
+            if exc.errno in (errno.ENODEV, errno.ENXIO, errno.EINVAL):
+                return None  # offline again already: its uevent follows
+            raise
+        if self._paused:
+            added.rings.set_slots(False)
+        self._added[cpu] = added
+        return self._views(added.rings, bool(self._ring_args.get("count_lost")))[0]
 
     def pause(self) -> None:
         """Empty the map slots of this source's rings: the BPF program's output fails
@@ -229,6 +349,8 @@ class PerfEventArraySource(MapBackedSource):
             raise ClosedResourceError(f"perf event array {self.name} is not open")
         if paused != self._paused:
             self._rings.set_slots(not paused)
+            for added in self._added.values():
+                added.rings.set_slots(not paused)
             self._paused = paused
 
     def _layout(self, config: RingConfig, max_entries: int) -> tuple[list[int], list[int] | None]:
@@ -263,6 +385,8 @@ class PerfEventArraySource(MapBackedSource):
         lock's notice: a take-over request, maybe (``SourceEnded``)."""
         if handle == self._notice_fd:
             self._taken_over()
+        elif self._cpu_watch is not None and handle == self._cpu_watch.fd:
+            self._announced.extend(self._cpu_watch.changes())
 
     def _give_up(self) -> bool:
         """Taken over: empty our slots (the BPF side gets -ENOENT until the taker's are
@@ -271,19 +395,21 @@ class PerfEventArraySource(MapBackedSource):
         the taker's. Our rings keep what was written: the reader drains them."""
         rings = self._rings
         if rings is not None:
-            lb.delete_slots(self._map_fd, [ring.slot for ring in rings.rings])
+            added = list(self._added.values())
+            perfs = (rings, *(a.rings for a in added))
+            slots = [ring.slot for perf in perfs for ring in perf.rings]
+            lb.delete_slots(self._map_fd, slots)
             lb.rcu_grace_period()
-            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.dup2(null, self._map_fd, inheritable=False)
-            finally:
-                os.close(null)
+            for fd in (self._map_fd, *(a.map_fd for a in added)):
+                _point_at_null(fd)
         return True
 
     def after_fork(self) -> None:
         """In a child process: close this process's fds only (see PerfRings.forget_after_fork)."""
         rings, self._rings = self._rings, None
         try:
+            for added in (*self._added.values(), *self._retired):
+                added.forget_after_fork()
             if rings is not None:
                 rings.forget_after_fork()
         finally:
@@ -293,6 +419,12 @@ class PerfEventArraySource(MapBackedSource):
         """Drop the ring views, free the rings (fds closed, slots deleted), release our map fd."""
         rings, self._rings = self._rings, None
         try:
+            retired, added = self._retired, list(self._added.values())
+            self._added, self._retired, self._live = {}, [], {}
+            for extra in retired:
+                extra.free(keep_slot=True)
+            for extra in added:
+                extra.free(keep_slot=False)
             if rings is not None:
                 rings.free()
         finally:
@@ -301,6 +433,9 @@ class PerfEventArraySource(MapBackedSource):
     def _release_map(self) -> None:
         """Give up the claim on the map and close our fd of it."""
         self._release_claim()
+        watch, self._cpu_watch = self._cpu_watch, None
+        if watch is not None:
+            watch.close()
         fd, self._map_fd = self._map_fd, -1
         if fd >= 0:
             os.close(fd)

@@ -146,6 +146,8 @@ class Reader:
         self.counters = {key: [0, 0, 0, 0] for key in self.rings}
         self.high_water: dict[int, int] = {}  # per ring: the largest span one drain took
         self.broken: set[int] = set()
+        self._watch: list[int] = []  # handles of rings added at run time, for the drivers
+        self._forget: list[int] = []  # and of rings retired (their CPU went offline)
         self._columns: Columns | None = None
         self.losses = LossLedger(rings)
         self.wakeup = wakeup
@@ -218,6 +220,9 @@ class Reader:
         except SourceEnded as end:
             return self.end(end.error, drain=end.drain)
         added = 0
+        changed = None if rings else getattr(self.source, "cpus_changed", None)
+        if changed is not None:
+            added += self._cpus_changed(*changed())
         for ring in rings:
             counters = self.counters.get(ring.key)
             if counters is not None:
@@ -225,6 +230,32 @@ class Reader:
             added += self.drain(ring.key)
         self.clock.traffic()
         return added
+
+    def _cpus_changed(self, gone: list[int], new: Sequence[Ring]) -> int:
+        """CPU hotplug: drain the rings of CPUs gone offline (what the kernel wrote to them
+        is delivered, what it dropped counted), retire them, then take the new rings.
+        The drivers pick up the handles to watch and to forget (``handle_changes``)."""
+        added = 0
+        for key in gone:
+            ring = self.rings.get(key)
+            if ring is None:
+                continue
+            added += self.drain(key, force=True) + self._report_unannounced(ring)
+            self._retire(ring, broken=False)
+            self._forget.append(ring.handle)
+        for ring in new:
+            self.rings[ring.key] = ring
+            self._handles.setdefault(ring.handle, []).append(ring)
+            self.counters.setdefault(ring.key, [0, 0, 0, 0])
+            self.losses.reopened(ring)
+            self._watch.append(ring.handle)
+        return added
+
+    def handle_changes(self) -> tuple[list[int], list[int]]:
+        """Handles to watch (new rings) and to forget (retired rings) since the last call."""
+        watch, forget = self._watch, self._forget
+        self._watch, self._forget = [], []
+        return watch, [handle for handle in forget if handle not in self._handles]
 
     def _pause(self, key: int) -> None:
         self.stalled.add(key)
@@ -310,9 +341,10 @@ class Reader:
         self.pending += 1
         return 1
 
-    def _retire(self, ring: Ring) -> None:
+    def _retire(self, ring: Ring, *, broken: bool = True) -> None:
         self.rings.pop(ring.key, None)
-        self.broken.add(ring.key)
+        if broken:
+            self.broken.add(ring.key)
         self.stalled.discard(ring.key)
         siblings = [r for r in self._handles.get(ring.handle, ()) if r is not ring]
         if siblings:

@@ -61,6 +61,10 @@ class PerfStream(Generic[T]):
     ``run_arrays(on_array)``). Events are ``aperf.Sample[T] | aperf.Lost |
     aperf.BadSample``, where ``T`` is what the decoder returns.
 
+    Opened on every online CPU (no ``cpus=``), it follows CPU hotplug: a CPU that goes
+    offline has its ring drained and its losses reported, one that comes online gets a
+    ring (docs/rings.md, "CPU hotplug").
+
     Args:
         source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
             else, or the path of a pinned map (the map's type picks how it is read: a
@@ -347,6 +351,12 @@ class PerfStream(Generic[T]):
             added = 1
         if not reader.watches(handle) and self._loop is not None:
             self._loop.forget(handle)
+        watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
+        if self._loop is not None and (watch or forget):
+            for gone in forget:
+                self._loop.forget(gone)
+            self._loop.watch(watch, weak_callback(self._on_ready), reader.source.acknowledge)
+            reader.deadline = self._loop.time()  # look at the new rings once they are armed
         if added:
             self._wake()
         if reader.deadline != self._timer_at:

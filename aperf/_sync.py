@@ -34,7 +34,8 @@ class PerfBuffer(Generic[T]):
     samples; 0 on timeout), like ``perf_buffer__poll``. ``consume()`` handles
     everything pending on every ring without waiting; ``consume_buffer(cpu)``
     one CPU's ring (aperf keys rings by CPU id where libbpf takes an index:
-    see ``cpus``).
+    see ``cpus``). ``poll()`` also follows CPU hotplug, as ``PerfStream`` does
+    (docs/rings.md, "CPU hotplug").
 
     The callbacks are given here, as to libbpf's ``perf_buffer__new``, and are plain
     functions (coroutines need ``aperf.PerfStream``). Exceptions raised by callbacks
@@ -248,6 +249,12 @@ class PerfBuffer(Generic[T]):
                     raise ClosedResourceError("this PerfBuffer was closed while polling")
                 for handle in ready:
                     reader.on_ready(handle)
+                watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
+                for handle in forget:
+                    self._waiter.forget(handle)
+                for handle in watch:
+                    self._waiter.watch(handle)
+                    reader.drain_all()  # what the new ring got before it was watched
                 if ticking and tick_at is not None and time.monotonic() >= tick_at:
                     reader.tick()
                 if reader.has_events():

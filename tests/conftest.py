@@ -143,3 +143,32 @@ async def run_until(
             await done.wait()
         await anyio.to_thread.run_sync(thread.join)
         await stream.aclose()
+
+
+# --- CPU hotplug (tests/test_hotplug.py): never leave a CPU offline -------------------
+
+CPU_SYSFS = Path("/sys/devices/system/cpu")
+_online_at_start: list[str] = []
+
+
+def bring_cpus_online(cpus: list[str]) -> None:
+    """Write 1 to the ``online`` file of each of these CPUs that is offline now."""
+    for cpu in cpus:
+        path = CPU_SYSFS / cpu / "online"
+        try:
+            if path.read_text().strip() == "0":
+                path.write_text("1")
+        except OSError:
+            pass
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _online_at_start.extend(
+        p.parent.name for p in CPU_SYSFS.glob("cpu[0-9]*/online")
+        if p.read_text().strip() == "1"
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Whatever a hotplug test did, every CPU online at the start is online again."""
+    bring_cpus_online(_online_at_start)

@@ -42,6 +42,14 @@ class Win32Waiter:
                              f"{len(self._handles)}")
         self._interrupt = win.Event(manual_reset=False)
 
+    def watch(self, handle: int) -> None:
+        if handle not in self._handles:
+            self._handles.append(handle)
+
+    def forget(self, handle: int) -> None:
+        if handle in self._handles:
+            self._handles.remove(handle)
+
     def wait(self, timeout: float) -> list[int]:
         """The handles signalled within ``timeout`` seconds (negative: no limit), lowest
         first; [] on timeout or interrupt."""

@@ -34,6 +34,13 @@ class EpollWaiter:
                 ready.append(fd)
         return ready
 
+    def watch(self, handle: int) -> None:
+        self.epoll.register(handle, select.EPOLLIN)
+
+    def forget(self, handle: int) -> None:
+        with contextlib.suppress(OSError):  # never registered, or closed already
+            self.epoll.unregister(handle)
+
     def interrupt(self) -> None:
         if self.wake_fd >= 0:
             os.eventfd_write(self.wake_fd, 1)

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 FLOORS = {
     "_errors": 0, "_log": 0, "_prototypes": 0, "_privileges": 0, "_map_types": 0,
     "_naming": 0,
-    "_events": 1, "_options": 1, "_libbpf": 1, "_map_lock": 1, "_waiting.base": 1,
+    "_events": 1, "_options": 1, "_libbpf": 1, "_map_lock": 1, "_hotplug": 1, "_waiting.base": 1,
     # The seam (_source: the protocols and the segment types every format hands the
     # reader) sits on the formats' floor, under the sources that implement it.
     "_source": 2,
