@@ -19,6 +19,8 @@ import pytest
 import aperf
 from aperf.testing import Producer, sample_header
 
+from .conftest import open_fds
+
 pytestmark = [pytest.mark.usefixtures("kernel")]
 CPUS = sorted(os.sched_getaffinity(0))
 RING_BYTES = 2 * 4096
@@ -41,6 +43,7 @@ def ignore(event: Any) -> None:
 
 def test_a_snapshot_holds_exactly_the_newest_samples(producer: Producer) -> None:
     total = 10 * CAPACITY
+    fds = open_fds()
     with aperf.PerfBuffer(
         producer.map, ring_bytes=RING_BYTES, cpus=[CPUS[0]], overwritable=True,
         on_sample=ignore, on_lost=ignore,
@@ -53,6 +56,7 @@ def test_a_snapshot_holds_exactly_the_newest_samples(producer: Producer) -> None
     assert seqs(snap) == list(range(total - CAPACITY, total))
     assert {e.cpu for e in snap} == {CPUS[0]}
     assert sum(cpu.lost for cpu in stats.cpus) == 0
+    assert open_fds() == fds  # the ring's fd closed (and its memory unmapped) on close
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
@@ -190,3 +194,20 @@ def test_flight_recorder_rings_are_perf_rings_only(kernel: None) -> None:
             pb.snapshot()
         with pytest.raises(TypeError, match="overwritable"):
             aperf.PerfBuffer(rb.map, overwritable="yes", on_sample=ignore)  # type: ignore[call-overload]
+
+
+def test_a_given_up_source_frees_its_rings_and_leaves_the_slots(producer: Producer) -> None:
+    # What a take-over does to the holder (tests/test_map_lock.py): its slots emptied,
+    # its map fd pointed at /dev/null; freeing its rings then touches no slot.
+    from aperf._perf_source import PerfEventArraySource
+    from aperf._source import RingConfig
+
+    cpu = CPUS[0]
+    source = PerfEventArraySource(producer.map)
+    source.open(RingConfig(4096, aperf.Wakeup.balanced(), cpus=(cpu,), overwritable=True))
+    producer.emit(3, cpu=cpu)
+    assert source._give_up()
+    producer.emit(2, cpu=cpu)  # the slot is empty: -ENOENT
+    source.free()
+    source.free()
+    assert producer.counters().failed == 2 and producer.counters().ok == 3

@@ -958,7 +958,10 @@ class OverwritableRings:
             return
         self._open = False
         try:
-            delete_slots(self._map_fd, [ring.slot for ring in self.rings])
+            # As perf_buffer__free, errors ignored: a map given up (taken over) has its
+            # fd pointed at /dev/null, so that the taker's slots stay.
+            with contextlib.suppress(LibbpfError):
+                delete_slots(self._map_fd, [ring.slot for ring in self.rings])
         finally:
             munmap = _libc("munmap", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
             for ring, base in zip(self.rings, self._mapped, strict=False):
