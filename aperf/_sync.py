@@ -301,8 +301,10 @@ class PerfBuffer(Generic[T]):
         """The newest records of this buffer's flight-recorder rings (``overwritable=True``)
         as events, each CPU's oldest first, or merged across CPUs by the ``order_by``
         field of the decoded values, as ``PerfStream.snapshot()`` returns them: read
-        with the producer paused, then resumed. The callbacks are not called."""
-        return snapshot(self._require_open(), order_by)
+        with the producer paused, then resumed. The callbacks are not called. One call
+        at a time: a ``poll()`` running in another thread is waited for."""
+        with self._lock:
+            return snapshot(self._require_open(), order_by)
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
         handled = 0
