@@ -14,12 +14,14 @@ import struct
 from collections.abc import Iterable, Sequence
 
 from . import _libbpf as lb
+from ._backward import newest_records
 from ._errors import (
     ArgumentError,
     BusyResourceError,
     ClosedResourceError,
     LibbpfError,
     RingSizeError,
+    UnsupportedError,
 )
 from ._hotplug import RESYNC, CpuWatch
 from ._log import log
@@ -189,6 +191,33 @@ class _CpuRing:
             os.close(self.map_fd)
 
 
+class _OverwriteRing:
+    """One CPU's overwritable ring. Never read on wakeups (``take()`` is always empty:
+    the kernel keeps overwriting; nothing waits, nothing is lost); ``newest()`` reads it."""
+
+    __slots__ = ("_memory", "handle", "key")
+
+    def __init__(self, key: int, handle: int, memory: lb.RingMemory) -> None:
+        self.key = key
+        self.handle = handle
+        self._memory = memory
+
+    def take(self) -> bytes:
+        return b""
+
+    def pending_bytes(self) -> int:
+        return 0
+
+    def lost_total(self) -> int | None:
+        return None
+
+    def newest(self) -> bytes:
+        """Its complete records, oldest first (call it while the producer is paused)."""
+        memory = self._memory
+        head, _ = memory.positions()
+        return newest_records(head, memory.size, memory.copy)
+
+
 class PerfEventArraySource(MapBackedSource):
     """The perf rings of one ``BPF_MAP_TYPE_PERF_EVENT_ARRAY`` map (Linux)."""
 
@@ -197,7 +226,7 @@ class PerfEventArraySource(MapBackedSource):
 
     def __init__(self, source: MapSpec) -> None:
         super().__init__(source)
-        self._rings: lb.PerfRings | None = None
+        self._rings: lb.PerfRings | lb.OverwritableRings | None = None
         self._map_fd = -1
         self._paused = False
         # CPU hotplug (streams over every online CPU): the uevent socket, the changes
@@ -210,6 +239,7 @@ class PerfEventArraySource(MapBackedSource):
         self._retired: list[_CpuRing] = []
         self._ring_args: dict[str, object] = {}
         self._max_entries = 0
+        self._overwrite: list[_OverwriteRing] = []
 
     def open(self, config: RingConfig) -> Sequence[PerfRing]:
         if self._rings is not None:
@@ -233,6 +263,12 @@ class PerfEventArraySource(MapBackedSource):
             ring_bytes = config.ring_bytes or DEFAULT_PAGES * PAGE_SIZE
         events, watermark = perf_wakeup(config.wakeup, ring_bytes)
         pages = ring_bytes // PAGE_SIZE
+        if config.overwritable:
+            self._rings = lb.OverwritableRings(self._map_fd, pages, usable, map_keys=slots)
+            self._ring_bytes = ring_bytes
+            self._overwrite = [_OverwriteRing(h.slot, h.fd, h.memory) for h in self._rings.rings]
+            self._memory_bytes = len(self._overwrite) * (ring_bytes + PAGE_SIZE)
+            return list(self._overwrite)  # type: ignore[arg-type]  # a Ring, not a PerfRing
         exact = True
         try:
             self._rings = lb.PerfRings(
@@ -344,6 +380,27 @@ class PerfEventArraySource(MapBackedSource):
         """Put the rings back into their slots (idempotent)."""
         self._set_paused(False)
 
+    @property
+    def paused(self) -> bool:
+        """Whether ``pause()`` emptied the slots."""
+        return self._paused
+
+    def newest(self) -> list[tuple[int, bytes]]:
+        """Each overwritable ring's records, oldest first, by ring key: read with the
+        producer paused (and every BPF program that had read a slot finished), then
+        resumed unless it was paused already."""
+        if not self._overwrite:
+            raise UnsupportedError(f"snapshot() reads flight-recorder rings: perf event array "
+                                   f"{self.name} was not opened with overwritable=True")
+        paused = self._paused
+        self.pause()
+        try:
+            lb.rcu_grace_period()
+            return [(ring.key, ring.newest()) for ring in self._overwrite]
+        finally:
+            if not paused:
+                self.resume()
+
     def _set_paused(self, paused: bool) -> None:
         if self._rings is None:
             raise ClosedResourceError(f"perf event array {self.name} is not open")
@@ -418,6 +475,7 @@ class PerfEventArraySource(MapBackedSource):
     def free(self) -> None:
         """Drop the ring views, free the rings (fds closed, slots deleted), release our map fd."""
         rings, self._rings = self._rings, None
+        self._overwrite = []
         try:
             retired, added = self._retired, list(self._added.values())
             self._added, self._retired, self._live = {}, [], {}

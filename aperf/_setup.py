@@ -150,6 +150,7 @@ class ReaderOptions:
     cpus: tuple[int, ...] | None = None
     map_keys: tuple[int, ...] | None = None
     memory_bytes: int | None = None
+    overwritable: bool = False
 
     @classmethod
     def check(
@@ -166,6 +167,7 @@ class ReaderOptions:
         map_keys: Iterable[int] | None = None,
         memory_bytes: int | None = None,
         take_over: bool = False,
+        overwritable: bool = False,
     ) -> ReaderOptions:
         ring_source = resolve_source(source)
         if take_over is not False:
@@ -186,6 +188,14 @@ class ReaderOptions:
                 f"cpus=, map_keys= and memory_bytes= choose the rings of a Linux perf event "
                 f"array; {ring_source.name} is a {type(ring_source).__name__}"
             )
+        if overwritable is not False:
+            if overwritable is not True:
+                raise TypeError(f"overwritable must be True or False, not {overwritable!r}")
+            if not isinstance(ring_source, PerfEventArraySource):
+                raise UnsupportedError(
+                    f"overwritable=True makes flight-recorder perf rings; {ring_source.name} "
+                    f"is a {type(ring_source).__name__} (a Linux perf event array only)"
+                )
         if budget is not None and cpu_ids is not None:
             budget_ring_bytes(budget, len(cpu_ids))  # the ring count is known: check now
         return cls(
@@ -198,6 +208,7 @@ class ReaderOptions:
             cpus=cpu_ids,
             map_keys=keys,
             memory_bytes=budget,
+            overwritable=overwritable,
         )
 
     def open(self, clock: Clock) -> Reader:
@@ -206,7 +217,7 @@ class ReaderOptions:
         rings = source.open(
             RingConfig(
                 self.ring_bytes, self.wakeup, cpus=self.cpus, map_keys=self.map_keys,
-                memory_bytes=self.memory_bytes,
+                memory_bytes=self.memory_bytes, overwritable=self.overwritable,
             )
         )
         try:

@@ -151,6 +151,9 @@ class RingConfig:
     memory_bytes: int | None = None
     """A budget for all rings together, instead of ``ring_bytes`` (perf only)."""
 
+    overwritable: bool = False
+    """Flight-recorder rings: the kernel overwrites the oldest records (perf only)."""
+
 
 class RingSource(Protocol):
     """Something that has rings. ``open`` is all-or-nothing; ``free`` is idempotent."""

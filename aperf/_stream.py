@@ -20,6 +20,7 @@ from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._overwrite import snapshot
 from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._source import set_paused
@@ -110,6 +111,10 @@ class PerfStream(Generic[T]):
             in any process, raises ``BusyResourceError`` naming its pid. True: ask that
             reader to give the map up; its stream then ends with
             ``aperf.TakenOverError`` (docs/rings.md, "Two readers of one map").
+        overwritable: True: flight-recorder rings (a perf event array only): the kernel
+            keeps overwriting the oldest records with the newest and never drops; the rings
+            are not read on wakeups (nothing is delivered or counted as lost) but on demand,
+            by ``snapshot()`` (docs/rings.md, "The last N seconds before an incident").
     """
 
     @overload
@@ -132,6 +137,7 @@ class PerfStream(Generic[T]):
         map_keys: Iterable[int] | None = ...,
         memory_bytes: int | None = ...,
         take_over: bool = ...,
+        overwritable: bool = ...,
     ) -> None: ...
 
     @overload
@@ -154,6 +160,7 @@ class PerfStream(Generic[T]):
         map_keys: Iterable[int] | None = ...,
         memory_bytes: int | None = ...,
         take_over: bool = ...,
+        overwritable: bool = ...,
     ) -> None: ...
 
     @overload
@@ -176,6 +183,7 @@ class PerfStream(Generic[T]):
         map_keys: Iterable[int] | None = ...,
         memory_bytes: int | None = ...,
         take_over: bool = ...,
+        overwritable: bool = ...,
     ) -> None: ...
 
     def __init__(
@@ -197,12 +205,14 @@ class PerfStream(Generic[T]):
         map_keys: Iterable[int] | None = None,
         memory_bytes: int | None = None,
         take_over: bool = False,
+        overwritable: bool = False,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=max_pending, decode_errors=decode_errors, cpus=cpus, map_keys=map_keys,
             memory_bytes=memory_bytes, take_over=take_over,
+            overwritable=overwritable,
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
@@ -414,6 +424,19 @@ class PerfStream(Generic[T]):
     def resume(self) -> None:
         """Put this stream's rings back into the map's slots (idempotent)."""
         set_paused(self._require_open().source, False)
+
+    def snapshot(self, order_by: str | None = None) -> list[Event[Any]]:
+        """The newest records of every flight-recorder ring (``overwritable=True``), as
+        events in stream order: each CPU's oldest first, the CPUs one after another in
+        key order, or, with ``order_by`` (a field of the decoded values, e.g. a
+        ``bpf_ktime_get_ns()`` timestamp), merged across CPUs by that field.
+
+        Synchronous, and short: the producer is paused (``pause()``) while each ring is
+        read from its newest record back to its oldest complete one, then resumed
+        (unless it was paused already). The rings keep their records: a second
+        snapshot sees them again, with what came since. Decoding follows
+        ``decode_errors``. ``UnsupportedError`` without flight-recorder rings."""
+        return snapshot(self._require_open(), order_by)
 
     # --- consuming ---------------------------------------------------------------------
 

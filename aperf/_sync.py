@@ -15,9 +15,10 @@ from typing import Any, Generic, overload
 
 from ._callbacks import Handlers
 from ._errors import ClosedResourceError
-from ._events import BadSample, Lost, Sample, SampleArray, StreamStatistics, T
+from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._overwrite import snapshot
 from ._reader import DEFAULT_BATCH, Reader, load_columns
 from ._setup import ReaderOptions, SourceSpec
 from ._source import set_paused
@@ -90,6 +91,10 @@ class PerfBuffer(Generic[T]):
             reader to give the map up, as for ``PerfStream``. This buffer, if taken
             over, learns it in ``poll()``, which then raises ``aperf.TakenOverError``
             after the events it had.
+        overwritable: True: flight-recorder rings (a perf event array only): the kernel
+            keeps overwriting the oldest records with the newest and never drops; the rings
+            are not read on wakeups (nothing is delivered or counted as lost) but on demand,
+            by ``snapshot()`` (docs/rings.md, "The last N seconds before an incident").
     """
 
     @overload
@@ -111,6 +116,7 @@ class PerfBuffer(Generic[T]):
         map_keys: Iterable[int] | None = ...,
         memory_bytes: int | None = ...,
         take_over: bool = ...,
+        overwritable: bool = ...,
     ) -> None: ...
 
     @overload
@@ -132,6 +138,7 @@ class PerfBuffer(Generic[T]):
         map_keys: Iterable[int] | None = ...,
         memory_bytes: int | None = ...,
         take_over: bool = ...,
+        overwritable: bool = ...,
     ) -> None: ...
 
     @overload
@@ -153,6 +160,7 @@ class PerfBuffer(Generic[T]):
         map_keys: Iterable[int] | None = ...,
         memory_bytes: int | None = ...,
         take_over: bool = ...,
+        overwritable: bool = ...,
     ) -> None: ...
 
     def __init__(
@@ -173,6 +181,7 @@ class PerfBuffer(Generic[T]):
         map_keys: Iterable[int] | None = None,
         memory_bytes: int | None = None,
         take_over: bool = False,
+        overwritable: bool = False,
     ) -> None:
         if on_sample is None and on_array is None:
             raise ValueError("PerfBuffer needs an on_sample (or, columnar, an on_array) callback")
@@ -181,6 +190,7 @@ class PerfBuffer(Generic[T]):
             source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
             max_pending=max_pending, decode_errors=decode_errors, cpus=cpus,
             map_keys=map_keys, memory_bytes=memory_bytes, take_over=take_over,
+            overwritable=overwritable,
         )
         if on_array is not None:
             load_columns(options.decoder)  # NumPy and a decoder with a layout, now
@@ -293,6 +303,15 @@ class PerfBuffer(Generic[T]):
     def resume(self) -> None:
         """Put this buffer's rings back into the map's slots (idempotent)."""
         set_paused(self._require_open().source, False)
+
+    def snapshot(self, order_by: str | None = None) -> list[Event[Any]]:
+        """The newest records of this buffer's flight-recorder rings (``overwritable=True``)
+        as events, each CPU's oldest first, or merged across CPUs by the ``order_by``
+        field of the decoded values, as ``PerfStream.snapshot()`` returns them: read
+        with the producer paused, then resumed. The callbacks are not called. One call
+        at a time: a ``poll()`` running in another thread is waited for."""
+        with self._lock:
+            return snapshot(self._require_open(), order_by)
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
         handled = 0

@@ -605,6 +605,7 @@ PERF_COUNT_SW_BPF_OUTPUT = 10
 PERF_SAMPLE_RAW = 1 << 10
 PERF_FORMAT_LOST = 1 << 4  # Linux 6.0+: read() on the fd reports the event's lost samples
 _ATTR_WATERMARK_BIT = 1 << 14
+_ATTR_WRITE_BACKWARD_BIT = 1 << 27  # perf_event_attr.write_backward (Linux 4.7+)
 
 
 class _perf_event_attr(ctypes.Structure):
@@ -752,6 +753,20 @@ def rcu_grace_period() -> bool:
                        ctypes.c_uint(0))) == 0
 
 
+def _set_slots(map_fd: int, rings: list[RingHandle], present: bool) -> None:
+    for ring in rings:
+        key = ctypes.c_uint32(ring.slot)
+        if present:
+            value = ctypes.c_uint32(ring.fd)
+            c.bpf_map_update_elem(map_fd, ctypes.byref(key), ctypes.byref(value), 0)
+            continue
+        try:
+            c.bpf_map_delete_elem(map_fd, ctypes.byref(key))
+        except LibbpfError as exc:
+            if exc.errno != errno.ENOENT:  # already empty: nothing to undo
+                raise
+
+
 class PerfRings:
     """libbpf's ``perf_buffer`` for one map: one ring per listed CPU, in the slot of the
     same index of ``map_keys`` (default: keyed by CPU id). ``map_fd`` must stay open
@@ -827,17 +842,7 @@ class PerfRings:
         BPF program's output to an empty slot fails with -ENOENT). Idempotent."""
         if not self._pb:
             raise ClosedResourceError("perf rings were freed")
-        for ring in self.rings:
-            key = ctypes.c_uint32(ring.slot)
-            if present:
-                value = ctypes.c_uint32(ring.fd)
-                c.bpf_map_update_elem(self._map_fd, ctypes.byref(key), ctypes.byref(value), 0)
-                continue
-            try:
-                c.bpf_map_delete_elem(self._map_fd, ctypes.byref(key))
-            except LibbpfError as exc:
-                if exc.errno != errno.ENOENT:  # already empty: nothing to undo
-                    raise
+        _set_slots(self._map_fd, self.rings, present)
 
     def consume_records(self, index: int) -> bytes:
         """Every record of ring ``index``, copied by libbpf's own reader, which orders
@@ -867,6 +872,110 @@ class PerfRings:
         pb, self._pb = self._pb, 0
         if pb:
             for ring in getattr(self, "rings", ()):
+                ring.memory.release()
+                with contextlib.suppress(OSError):
+                    os.close(ring.fd)
+
+
+_SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+_PERF_FLAG_FD_CLOEXEC = 1 << 3
+_PROT_READ, _MAP_SHARED = 1, 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class OverwritableRings:
+    """Flight-recorder perf rings for one map: ``write_backward`` events mapped read-only,
+    so the kernel overwrites the oldest records and never drops (the kernel makes a ring
+    overwritable when its mmap is not writable; libbpf maps rings writable, so these are
+    opened here, as cilium/ebpf's ``Overwritable`` rings are). Same members as
+    ``PerfRings`` for what a source uses: ``rings``, ``set_slots``, ``free``."""
+
+    def __init__(
+        self, map_fd: int, page_count: int, cpus: list[int], *, map_keys: list[int] | None = None,
+    ) -> None:
+        self._map_fd = map_fd
+        self._length = (page_count + 1) * os.sysconf("SC_PAGE_SIZE")
+        self._mapped: list[int] = []
+        self.rings: list[RingHandle] = []
+        self._open = True
+        slots = cpus if map_keys is None else map_keys
+        try:
+            for cpu, slot in zip(cpus, slots, strict=True):
+                fd = self._event_fd(cpu)
+                try:
+                    base = self._map(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._mapped.append(base)
+                self.rings.append(RingHandle(cpu, fd, RingMemory(base), slot))
+            _set_slots(map_fd, self.rings, True)
+        except BaseException:
+            self.free()
+            raise
+
+    @staticmethod
+    def _event_fd(cpu: int) -> int:
+        number = _SYS_PERF_EVENT_OPEN.get(os.uname().machine)
+        if number is None:
+            raise LibbpfError(errno.ENOSYS, "perf_event_open",
+                              detail=f"no syscall number known for {os.uname().machine}")
+        attr = _perf_event_attr()
+        attr.size = ctypes.sizeof(attr)
+        attr.type = PERF_TYPE_SOFTWARE
+        attr.config = PERF_COUNT_SW_BPF_OUTPUT
+        attr.sample_period = 1
+        attr.sample_type = PERF_SAMPLE_RAW
+        # Nobody reads these rings on wakeups: ask for as few as the kernel allows.
+        attr.flags = _ATTR_WRITE_BACKWARD_BIT | _ATTR_WATERMARK_BIT
+        attr.wakeup = 1 << 31
+        syscall = _libc("syscall", ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int,
+                        ctypes.c_int, ctypes.c_int, ctypes.c_ulong)
+        fd = int(syscall(number, ctypes.byref(attr), -1, cpu, -1, _PERF_FLAG_FD_CLOEXEC))
+        if fd < 0:
+            raise LibbpfError(ctypes.get_errno(), "perf_event_open",
+                              detail=f"an overwritable ring on CPU {cpu}")
+        return fd
+
+    def _map(self, fd: int) -> int:
+        mmap = _libc("mmap", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                     ctypes.c_int, ctypes.c_int, ctypes.c_long)
+        base = mmap(None, self._length, _PROT_READ, _MAP_SHARED, fd, 0)
+        if base is None or base == _MAP_FAILED:
+            raise LibbpfError(ctypes.get_errno(), "mmap",
+                              detail=f"mapping a {self._length}-byte overwritable ring")
+        return int(base)
+
+    def set_slots(self, present: bool) -> None:
+        """As ``PerfRings.set_slots``."""
+        if not self._open:
+            raise ClosedResourceError("perf rings were freed")
+        _set_slots(self._map_fd, self.rings, present)
+
+    def free(self) -> None:
+        """Delete the map slots, unmap the rings, close their fds (idempotent)."""
+        if not self._open:
+            return
+        self._open = False
+        try:
+            # As perf_buffer__free, errors ignored: a map given up (taken over) has its
+            # fd pointed at /dev/null, so that the taker's slots stay.
+            with contextlib.suppress(LibbpfError):
+                delete_slots(self._map_fd, [ring.slot for ring in self.rings])
+        finally:
+            munmap = _libc("munmap", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+            for ring, base in zip(self.rings, self._mapped, strict=False):
+                ring.memory.release()
+                munmap(ctypes.c_void_p(base), self._length)
+            for ring in self.rings:
+                os.close(ring.fd)
+            self._mapped = []
+
+    def forget_after_fork(self) -> None:
+        """In a child process: close this process's copies of the fds only."""
+        if self._open:
+            self._open = False
+            for ring in self.rings:
                 ring.memory.release()
                 with contextlib.suppress(OSError):
                     os.close(ring.fd)

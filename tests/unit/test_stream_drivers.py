@@ -646,7 +646,7 @@ def test_both_drivers_take_the_same_keywords_in_the_same_order() -> None:
 
     shared = ["source", "pages", "ring_bytes", "decoder", "wakeup", "max_pending", "decode_errors"]
     callbacks = ["on_sample", "on_lost", "on_decode_error", "on_array"]
-    rings = ["cpus", "map_keys", "memory_bytes", "take_over"]  # which rings, and whose
+    rings = ["cpus", "map_keys", "memory_bytes", "take_over", "overwritable"]  # which rings, whose
     assert names(aperf.PerfBuffer) == shared + callbacks + rings
     assert names(aperf.PerfStream)[: len(shared)] == shared
     assert names(aperf.PerfStream)[-len(rings):] == rings
