@@ -326,17 +326,46 @@ def test_shards_print_exec_and_exit_of_a_probe_and_stop_cleanly(
         rows = rows_of(tracer.read_until(complete), set(probes))
         rc, _ = tracer.stop(sig)
     assert rc == 0, tracer.stderr
-    shard_pids = {int(pid) for pid in re.findall(r"shard (\d+) reads CPUs", tracer.stderr)}
+    shards = shard_pids(tracer.stderr)
     for pid in probes:
         assert find(rows, "EXEC", "true", pid=pid), rows
         assert len([r for r in rows if r.pid == pid and r.event == "EXIT"]) == 1, rows
     assert tracer.stderr.count("perf stream closed") == 2, tracer.stderr  # each shard's
-    assert len(shard_pids) == 2, tracer.stderr
-    for pid in shard_pids:  # no shard outlives the parent
-        assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status")\
-            .read_text().lower()
+    assert len(shards) == 2 and all(map(gone, shards)), tracer.stderr  # none outlives it
     assert "Traceback" not in tracer.stderr
-    assert tracer.lines.get(timeout=1) is None
+    # The output ends, in whole lines: others' processes may have run meanwhile.
+    while (line := tracer.lines.get(timeout=5)) is not None:
+        parse_row(line)
+
+
+def shard_pids(stderr: str) -> set[int]:
+    return {int(pid) for pid in re.findall(r"shard (\d+) reads CPUs", stderr)}
+
+
+def gone(pid: int) -> bool:
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.kernel
+def test_shards_end_when_their_parent_is_killed(tracefs: None) -> None:
+    with Tracer("--shards", "2", "-v", "-d", "86400000", command="tool") as tracer:
+        tracer.wait_header()
+        deadline = time.monotonic() + TIMEOUT
+        while len(shard_pids(tracer.stderr)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shards = shard_pids(tracer.stderr)
+        assert len(shards) == 2, tracer.stderr
+        tracer.proc.kill()
+        tracer.proc.wait(timeout=TIMEOUT)
+        while not all(map(gone, shards)) and time.monotonic() < deadline + TIMEOUT:
+            time.sleep(0.05)
+        left = [pid for pid in shards if not gone(pid)]
+        for pid in left:  # else they would hold the tracer's stderr open
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"shards {left} outlived their parent"
 
 
 @pytest.mark.kernel

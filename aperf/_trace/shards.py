@@ -89,7 +89,8 @@ async def trace_sharded(args: argparse.Namespace) -> int:
             with pinned(obj.maps["perf_buffer"]) as pin:
                 for cpus in shares:
                     children.append(await asyncio.create_subprocess_exec(
-                        *child_argv(args, pin, cpus), stdin=asyncio.subprocess.DEVNULL,
+                        # stdin: a pipe never written, whose end tells the child its parent died
+                        *child_argv(args, pin, cpus), stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                     ))
                     log.info(f"shard {children[-1].pid} reads CPUs {cpus}")
@@ -148,8 +149,28 @@ async def trace_shard(args: argparse.Namespace) -> int:
             )
             async with stream:
                 stop.on_stop(stream.close)
+                on_parent_gone(out.stop, stream.close)
                 await out.write(READY)
                 await show_all(stream, Printer(out, args.json))
     finally:
         await out.aclose()
     return 0
+
+
+def on_parent_gone(*actions: Callable[[], object]) -> None:
+    """Run ``actions`` once stdin, the parent's pipe, ends: the parent died (even by SIGKILL),
+    so no shard goes on reading for nobody."""
+    loop = asyncio.get_running_loop()
+
+    def readable() -> None:
+        try:
+            data = os.read(0, 4096)
+        except BlockingIOError:
+            return
+        if not data:
+            loop.remove_reader(0)
+            for action in actions:
+                action()
+
+    os.set_blocking(0, False)
+    loop.add_reader(0, readable)
