@@ -300,6 +300,98 @@ def test_min_duration_reports_only_long_exits(tracefs: None) -> None:
     assert exit_long.duration_ms is not None and exit_long.duration_ms >= 1000
 
 
+# --- shards: one load, N reading processes ------------------------------------------------
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_shards_print_exec_and_exit_of_a_probe_and_stop_cleanly(
+    tracefs: None, sig: int
+) -> None:
+    true = which("true")
+    with Tracer("--shards", "2", "-v", command="tool") as tracer:
+        tracer.wait_header()
+        # Each CPU in turn: whichever shard's CPU the probe runs on, both shards are tried.
+        probes = []
+        for cpu in (0, 1):
+            proc = subprocess.Popen(["taskset", "-c", str(cpu), true] if shutil.which("taskset")
+                                    else [true])
+            assert finished(proc) == 0
+            probes.append(proc.pid)
+
+        def complete(lines: list[str]) -> bool:
+            rows = rows_of(lines, set(probes))
+            return all(find(rows, "EXIT", "true", pid=pid) for pid in probes)
+
+        rows = rows_of(tracer.read_until(complete), set(probes))
+        rc, _ = tracer.stop(sig)
+    assert rc == 0, tracer.stderr
+    shards = shard_pids(tracer.stderr)
+    for pid in probes:
+        assert find(rows, "EXEC", "true", pid=pid), rows
+        assert len([r for r in rows if r.pid == pid and r.event == "EXIT"]) == 1, rows
+    assert tracer.stderr.count("perf stream closed") == 2, tracer.stderr  # each shard's
+    assert len(shards) == 2 and all(map(gone, shards)), tracer.stderr  # none outlives it
+    assert "Traceback" not in tracer.stderr
+    # The output ends, in whole lines: others' processes may have run meanwhile.
+    while (line := tracer.lines.get(timeout=5)) is not None:
+        parse_row(line)
+
+
+def shard_pids(stderr: str) -> set[int]:
+    return {int(pid) for pid in re.findall(r"shard (\d+) reads CPUs", stderr)}
+
+
+def gone(pid: int) -> bool:
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.kernel
+def test_shards_end_when_their_parent_is_killed(tracefs: None) -> None:
+    with Tracer("--shards", "2", "-v", "-d", "86400000", command="tool") as tracer:
+        tracer.wait_header()
+        deadline = time.monotonic() + TIMEOUT
+        while len(shard_pids(tracer.stderr)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shards = shard_pids(tracer.stderr)
+        assert len(shards) == 2, tracer.stderr
+        tracer.proc.kill()
+        tracer.proc.wait(timeout=TIMEOUT)
+        while not all(map(gone, shards)) and time.monotonic() < deadline + TIMEOUT:
+            time.sleep(0.05)
+        left = [pid for pid in shards if not gone(pid)]
+        for pid in left:  # else they would hold the tracer's stderr open
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"shards {left} outlived their parent"
+
+
+@pytest.mark.kernel
+def test_more_shards_than_cpus_says_how_many(tracefs: None) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    proc = subprocess.run(
+        [sys.executable, *COMMANDS["tool"], "--shards", str(cpus + 1)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"aperf-trace: --shards {cpus + 1}: give 1 to {cpus} (a shard reads at least one of "
+        f"the {cpus} online CPUs)"
+    ], proc.stderr
+
+
+@pytest.mark.parametrize("other", [["--ringbuf"], ["--nats", "nats://127.0.0.1:4222"]])
+def test_shards_with_ringbuf_or_nats_is_a_usage_error(other: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, *COMMANDS["tool"], "--shards", "2", *other],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "--shards reads a perf event array in several processes" in proc.stderr
+
+
 # --- JSON --------------------------------------------------------------------------------
 
 

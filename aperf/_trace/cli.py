@@ -30,6 +30,7 @@ from .. import _natsargs
 from .output import LineOutput
 from .preflight import SetupError, ensure_tracefs, missing_privileges
 from .render import HEADER, event_decoder, json_record, table_line
+from .shards import trace_shard, trace_sharded
 
 PROG = "aperf-trace"
 DEFAULT_PAGES = 8  # per CPU, as the C original: 8 x 4 KiB = 32 KiB
@@ -168,10 +169,7 @@ async def trace(args: argparse.Namespace) -> int:
                 printer = Printer(out, args.json)
                 await printer.header()
                 if sink is None:
-                    async for item in stream:
-                        await printer.show(item)
-                        if out.broken:
-                            stream.close()
+                    await show_all(stream, printer)
                 else:
                     await publish(stream, printer, sink, stop)
     finally:
@@ -181,6 +179,14 @@ async def trace(args: argparse.Namespace) -> int:
             if sink is not None:
                 await sink.aclose()
     return 0
+
+
+async def show_all(stream: aperf.PerfStream[Any], printer: Printer) -> None:
+    """Print every item until the stream ends; close it if stdout's reader went away."""
+    async for item in stream:
+        await printer.show(item)
+        if printer.out.broken:
+            stream.close()
 
 
 async def open_sink(args: argparse.Namespace) -> Any:
@@ -262,6 +268,13 @@ def positive_power_of_two(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not positive")
+    return value
+
+
 def non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -323,6 +336,14 @@ def parse_args(
         help=f"the compiled BPF object (default: {default_object}, with --ringbuf "
         f"{ringbuf_object})",
     )
+    parser.add_argument(
+        "--shards", type=positive, default=None, metavar="N",
+        help="read the CPUs' rings in N processes (at most one per online CPU), for hosts "
+        "where one process cannot keep up; the tracer is loaded once",
+    )
+    # A shard of --shards N: the pinned map and the CPUs it reads (set by the parent).
+    parser.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--shard-cpus", default=None, help=argparse.SUPPRESS)
     if fleet:
         parser.add_argument(
             "--nats", metavar="URL[,URL...]",
@@ -337,6 +358,9 @@ def parse_args(
         )
         _natsargs.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.shards is not None and (args.ringbuf or getattr(args, "nats", None)):
+        parser.error("--shards reads a perf event array in several processes: it does not go "
+                     "with --ringbuf (one ring for every CPU) or --nats")
     if fleet and args.nats is not None:
         check_fleet_options(parser, args)
     if args.pages is None:
@@ -424,6 +448,10 @@ def main(
         aperf.set_libbpf_verbose(True)
     try:
         ensure_tracefs()
+        if args.shard_of is not None:
+            trace = trace_shard
+        elif args.shards is not None:
+            trace = trace_sharded
         return run(args, trace)
     except OptionError as exc:
         return fail(str(exc), 2)
