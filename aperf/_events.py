@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ if sys.version_info < (3, 11) and not TYPE_CHECKING:
         data: bytes
         value: Any = None
 
+        map = None
+        late = False
+
     Sample.__class_getitem__ = classmethod(lambda cls, item: cls)  # type: ignore[attr-defined]
 
 else:
@@ -44,6 +48,19 @@ else:
         data: bytes
         value: T = None  # type: ignore[assignment]
 
+        @property
+        def map(self) -> str | None:
+            """The name of the map the sample came from, in a stream of several maps
+            (``PerfStream({"name": map, ...})``); None in a stream of one."""
+            return None
+
+        @property
+        def late(self) -> bool:
+            """True for a sample an ordered stream (``order_by=``) received after it had
+            released later ones: delivered anyway, out of order, and counted
+            (``statistics().late``)."""
+            return False
+
 
 class Lost(NamedTuple):
     """The kernel dropped ``count`` samples on ``cpu`` because its ring was full.
@@ -54,6 +71,11 @@ class Lost(NamedTuple):
     cpu: int
     count: int  # type: ignore[assignment]  # shadows tuple.count on purpose: the contract
 
+    @property
+    def map(self) -> str | None:
+        """The map whose ring dropped them, in a stream of several maps; else None."""
+        return None
+
 
 class BadSample(NamedTuple):
     """A sample the decoder could not decode (yielded under ``decode_errors="item"``)."""
@@ -62,9 +84,57 @@ class BadSample(NamedTuple):
     data: bytes
     error: DecodeError
 
+    @property
+    def map(self) -> str | None:
+        """The map the sample came from, in a stream of several maps; else None."""
+        return None
+
+    @property
+    def late(self) -> bool:
+        """As ``Sample.late``."""
+        return False
+
 
 Event = Union[Sample[T], Lost, BadSample]  # noqa: UP007 - a generic alias needs Union here
 """What a stream yields: ``Event[T]`` for a stream whose decoder returns ``T``."""
+
+
+_TAGS = ("map", "late")
+
+
+@functools.cache
+def tagged(kind: type, map: str | None = None, late: bool = False) -> type:
+    """The subclass of ``Sample``, ``Lost`` or ``BadSample`` whose events say ``map`` and
+    ``late``: the tags are class attributes, so an event stays the same tuple of the
+    same fields (unpacking, ``==`` and ``match`` work as before) and costs nothing
+    more per event. ``kind`` itself when there is nothing to say. Cached: one class
+    per (kind, map, late); they pickle through ``_untag``."""
+    base = getattr(kind, "_untagged", kind)
+    if map is None and not late:
+        return base
+    if late and base is Lost:
+        raise ValueError("a Lost notice is never late")
+
+    def __repr__(self: Any) -> str:
+        tags = f", map={map!r}" if map is not None else ""
+        tags += ", late=True" if late else ""
+        return str(base.__repr__(self))[:-1] + tags + ")"  # type: ignore[call-arg]
+
+    def __reduce__(self: Any) -> tuple[Any, ...]:
+        return (_untag, (base.__name__, map, late, tuple(self)))
+
+    namespace = {
+        "__slots__": (), "map": map, "late": late, "_untagged": base,
+        "__repr__": __repr__, "__reduce__": __reduce__, "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+    }
+    return type(base.__name__, (base,), namespace)
+
+
+def _untag(kind: str, map: str | None, late: bool, fields: tuple[Any, ...]) -> Any:
+    """Unpickle a tagged event."""
+    base = {"Sample": Sample, "Lost": Lost, "BadSample": BadSample}[kind]
+    return tuple.__new__(tagged(base, map, late), fields)
 
 
 class _Failure(NamedTuple):
