@@ -84,6 +84,8 @@ def dispatch(
     try:
         for index, event in enumerate(batch):  # noqa: B007 - index is used on error
             cls = event.__class__
+            if cls is not Sample:
+                cls = getattr(cls, "_untagged", cls)  # an event of several maps: its kind
             if cls is Sample:
                 result = on_sample(event)  # type: ignore[misc]
             elif cls is Lost:

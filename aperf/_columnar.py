@@ -72,9 +72,10 @@ def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
 
 
 class Columns:
-    """Makes ``aperf.SampleArray`` items for one decoder."""
+    """Makes ``aperf.SampleArray`` items for one decoder (in a stream of several maps: for
+    one map, whose arrays say ``map`` and the ring's real CPU, its key less ``offset``)."""
 
-    def __init__(self, decoder: object) -> None:
+    def __init__(self, decoder: object, *, map: str | None = None, offset: int = 0) -> None:
         if not isinstance(decoder, SizedDecoder) or decoder.layout is None:
             raise TypeError(
                 "columnar batches need a decoder with a layout: a BTF struct name, "
@@ -88,6 +89,8 @@ class Columns:
                                 size=decoder.size)
         self.dtype: np.dtype[Any] = np.dtype(cast(Any, self._spec))
         self._strided: dict[tuple[int, int], np.dtype[Any]] = {}
+        self.map = map
+        self.offset = offset
 
     @staticmethod
     def split_for(records: Any) -> Callable[[int, bytes], tuple[list[Segment], int]]:
@@ -119,7 +122,7 @@ class Columns:
             starts = at + run.skip + self.size + np.arange(count, dtype=np.int64) * run.stride
             tails = Tails(run.span, starts, starts + (run.size - self.size))
         source = Run(run.span, at, count, run.stride, run.skip, run.size)
-        return SampleArray(key, values, tails, _source=source)
+        return SampleArray(key - self.offset, values, tails, map=self.map, _source=source)
 
     def from_payloads(self, key: int, payloads: list[bytes]) -> SampleArray:
         """Samples parsed one by one (each long enough): joined, then gathered at C speed."""
@@ -135,7 +138,7 @@ class Columns:
             values = np.frombuffer(blob, np.uint8)[index].view(self.dtype)[:, 0]
             values.flags.writeable = False  # like the views: read-only
         tails = Tails(blob, starts + self.size, ends) if self.has_tail else None
-        return SampleArray(key, values, tails, _source=payloads)
+        return SampleArray(key - self.offset, values, tails, map=self.map, _source=payloads)
 
     def too_short(self, payloads: list[bytes]) -> list[int]:
         """Indexes of the payloads shorter than the decoder's fixed part."""
@@ -149,7 +152,7 @@ class Columns:
         for index in range(1, len(samples) + 1):
             if index == len(samples) or samples[index].cpu != samples[start].cpu:
                 out.append(self.from_payloads(
-                    samples[start].cpu, [s.data for s in samples[start:index]]
+                    samples[start].cpu + self.offset, [s.data for s in samples[start:index]]
                 ))
                 start = index
         return out
@@ -205,19 +208,18 @@ class Columns:
         out: list[ArrayItem] = []
         samples: list[Any] = []
         for event in events:
-            if event.__class__ is Sample:
+            if isinstance(event, Sample):  # a tagged one too (several maps)
                 samples.append(event)
                 continue
             if samples:
                 out.extend(self.from_samples(samples))
                 samples = []
-            out.append(event)  # type: ignore[arg-type]  # Lost or BadSample
+            out.append(event)  # Lost or BadSample
         if samples:
             out.extend(self.from_samples(samples))
         return out
 
-    @staticmethod
-    def events(items: Iterable[ArrayItem], builder: EventBuilder) -> list[Event[Any]]:
+    def events(self, items: Iterable[ArrayItem], builder: EventBuilder) -> list[Event[Any]]:
         """Built arrays (a columnar consumer's front queue) as events again."""
         events: list[Any] = []
         for item in items:
@@ -225,8 +227,9 @@ class Columns:
                 events.append(item)
                 continue
             source = item._source
+            key = item.cpu + self.offset
             if isinstance(source, Run):
-                builder.run(item.cpu, source, 0, source.count, events)
+                builder.run(key, source, 0, source.count, events)
             else:
-                builder.payloads(item.cpu, source, False, events)
+                builder.payloads(key, source, False, events)
         return events

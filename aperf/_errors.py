@@ -200,8 +200,9 @@ class VerifierError(ObjectError, LibbpfError):
 # --- perf rings and streams --------------------------------------------------
 
 
-def _ring_name(cpu: int) -> str:
-    return "ring buffer" if cpu < 0 else f"perf ring of CPU {cpu}"
+def _ring_name(cpu: int, map: str | None = None) -> str:
+    ring = "ring buffer" if cpu < 0 else f"perf ring of CPU {cpu}"
+    return ring if map is None else f"{ring} of map {map!r}"
 
 
 
@@ -259,20 +260,22 @@ class TakenOverError(AperfError, anyio.BrokenResourceError):
 class BrokenRingError(AperfError):
     """A ring held a corrupt record header; that ring was stopped."""
 
-    def __init__(self, cpu: int, reason: str) -> None:
-        super().__init__(f"{_ring_name(cpu)} is corrupt and was stopped: {reason}")
+    def __init__(self, cpu: int, reason: str, *, map: str | None = None) -> None:
+        super().__init__(f"{_ring_name(cpu, map)} is corrupt and was stopped: {reason}")
         self.cpu = cpu
+        self.map = map  # the map's name, in a stream of several maps
         self.partial: list[Any] = []  # the intact records before the corrupt one
 
 
 class DecodeError(AperfError, ValueError):
     """A decoder did not fit a sample. ``cpu`` and ``data`` identify the sample."""
 
-    def __init__(self, cpu: int, data: bytes, reason: str) -> None:
+    def __init__(self, cpu: int, data: bytes, reason: str, *, map: str | None = None) -> None:
         super().__init__(
-            f"cannot decode a {len(data)}-byte sample from the {_ring_name(cpu)}: {reason}"
+            f"cannot decode a {len(data)}-byte sample from the {_ring_name(cpu, map)}: {reason}"
         )
         self.cpu = cpu
+        self.map = map  # the map's name, in a stream of several maps
         self.data = data
         self.reason = reason
 

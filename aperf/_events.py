@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Iterator
@@ -169,6 +170,9 @@ class CpuStatistics:
     backlog_bytes: int = 0
     high_water: float = 0.0
     queue_lost: int = 0
+    map: str | None = None
+    """The map of the ring, in a stream of several maps (None in a stream of one);
+    ``cpu`` is then the ring's real CPU (-1 for a BPF ring buffer)."""
 
     @property
     def ring_lost(self) -> int:
@@ -239,9 +243,24 @@ class StreamStatistics:
         """The other drops, all CPUs: ``lost == queue_lost + ring_lost``."""
         return sum(c.ring_lost for c in self.cpus)
 
+    def by_map(self) -> dict[str | None, StreamStatistics]:
+        """This snapshot per map, in a stream of several maps: for each map's name,
+        the same statistics with ``cpus`` holding that map's rings only, so that its
+        sums (``samples``, ``lost``, ``bytes``...) are the map's. The other fields
+        (``pending``, ``max_pending``, ``paused``, ``ring_bytes`` (the largest ring's),
+        ``memory_bytes``, ``lost_counter``...) are the stream's: one queue serves every
+        map. A stream of one map: ``{None: self}``."""
+        names = dict.fromkeys(c.map for c in self.cpus)
+        return {
+            name: dataclasses.replace(self, cpus=tuple(c for c in self.cpus if c.map == name))
+            for name in names
+        }
+
 
 class SampleArray:
     """Samples of one CPU, in ring order, as a NumPy structured array (columnar batches).
+
+    ``map`` names the map they came from in a stream of several maps (None otherwise).
 
     ``values`` has one row per sample and the decoder's fields as columns (the
     same names as its records: ``values["pid"]``); it is read-only and, for a
@@ -252,14 +271,15 @@ class SampleArray:
     number of samples. See docs/columnar.md.
     """
 
-    __slots__ = ("_source", "cpu", "tails", "values")
+    __slots__ = ("_source", "cpu", "map", "tails", "values")
     __match_args__ = ("cpu", "values", "tails")
 
     def __init__(self, cpu: int, values: Any, tails: Tails | None = None, *,
-                 _source: Any = None) -> None:
+                 map: str | None = None, _source: Any = None) -> None:
         self.cpu = cpu
         self.values = values
         self.tails = tails
+        self.map = map  # the map's name in a stream of several maps, else None
         self._source = _source  # the raw records, to rebuild Sample events from
 
     def __len__(self) -> int:
@@ -267,7 +287,9 @@ class SampleArray:
 
     def __repr__(self) -> str:
         tails = ", tails" if self.tails is not None else ""
-        return f"<SampleArray cpu={self.cpu} {len(self)} samples{tails} dtype={self.values.dtype}>"
+        where = f" map={self.map!r}" if self.map is not None else ""
+        return (f"<SampleArray{where} cpu={self.cpu} {len(self)} samples{tails} "
+                f"dtype={self.values.dtype}>")
 
 
 class Tails:

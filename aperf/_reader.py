@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Union, cast
 
 from ._build import Decoder, EventBuilder, Payloads, RunPiece
 from ._callbacks import Handlers, dispatch
@@ -40,6 +40,7 @@ from ._events import (
 )
 from ._log import log
 from ._losses import LossLedger, LostCounter
+from ._multi import MultiSource
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._source import Ring, RingSource, Run, Segment, SourceEnded
 
@@ -87,16 +88,17 @@ Piece = Union[RunPiece, Payloads, Lost]  # noqa: UP007
 """What ``Reader.pop`` hands out: samples not built yet, or a lost notice."""
 
 
-def load_columns(decoder: Decoder | None) -> Columns:
+def load_columns(decoder: Decoder | None, *, map: str | None = None, offset: int = 0) -> Columns:
     """What makes arrays for ``decoder``: ImportError saying what to install without
-    NumPy, TypeError if the decoder has no layout (checked when a driver is made)."""
+    NumPy, TypeError if the decoder has no layout (checked when a driver is made).
+    ``map`` and ``offset``: for one map of several (``_multi.py``)."""
     try:
         from . import _columnar
     except ModuleNotFoundError as exc:
         if exc.name != "numpy":
             raise
         raise ImportError(f"columnar batches need NumPy: {NUMPY_HINT}") from exc
-    return _columnar.Columns(decoder)
+    return _columnar.Columns(decoder, map=map, offset=offset)
 
 
 class Reader:
@@ -128,12 +130,17 @@ class Reader:
             self._handles.setdefault(ring.handle, []).append(ring)
         for handle in getattr(source, "notices", ()):  # handles of no ring (see SourceEnded)
             self._handles.setdefault(handle, [])
-        self.builder = EventBuilder(decoder, decode_errors, self._requeue)
+        # Several maps: a builder per map, by ring key (``_multi.py``).
+        self.builder = EventBuilder(decoder, decode_errors, self._requeue) if not isinstance(
+            source, MultiSource) else cast(EventBuilder, source.event_builder(
+                decode_errors, self._requeue))  # it has an EventBuilder's calls
         self.max_pending = max_pending
         self.resume_below = max(1, max_pending // 2)
         self.ring_bytes = source.ring_bytes
         self.memory_bytes = source.memory_bytes
         self._full_mark = max(0, self.ring_bytes - MAX_RECORD)
+        # Several maps: rings of different sizes.
+        self._sizes: Callable[[int], int] | None = getattr(source, "ring_bytes_of", None)
         self.held: deque[Event[Any]] = deque()  # built events, served before the queue
         self.next_event = self.held.popleft  # IndexError when the front is empty
         self.held_arrays: deque[ArrayItem] = deque()
@@ -171,6 +178,18 @@ class Reader:
     def keys(self) -> list[int]:
         """The ring keys (CPU ids) the reader was opened on, broken ones included."""
         return sorted(self.counters)
+
+    def cpus(self) -> list[int]:
+        """The real CPUs of the rings (a ring key is composite in a stream of several maps)."""
+        return sorted({self.builder.cpu_of(key) for key in self.counters})
+
+    def keys_of(self, cpu: int) -> list[int]:
+        """The keys of the rings on ``cpu`` (one per map)."""
+        return [key for key in self.keys() if self.builder.cpu_of(key) == cpu]
+
+    def ring_size(self, key: int) -> int:
+        """The data bytes of ring ``key``."""
+        return self.ring_bytes if self._sizes is None else self._sizes(key)
 
     def handle_of(self, key: int) -> int | None:
         """The readiness handle of ring ``key`` (None: no such live ring)."""
@@ -316,7 +335,8 @@ class Reader:
         if failure is not None:
             self.push_failure(failure)
             return added + 1
-        if len(span) > self._full_mark and self.losses.exact(key):
+        full_mark = self._full_mark if self._sizes is None else self.ring_size(key) - MAX_RECORD
+        if len(span) > full_mark and self.losses.exact(key):
             added += self._report_unannounced(ring)
         return added
 
@@ -325,7 +345,7 @@ class Reader:
         count = self.losses.announced(key, count)
         if not count:
             return 0
-        self.queue.append(Lost(key, count))
+        self.queue.append(self.builder.lost(key, count))
         return 1
 
     def _report_unannounced(self, ring: Ring) -> int:
@@ -337,7 +357,7 @@ class Reader:
         missing = self.losses.unannounced(ring)
         if not missing:
             return 0
-        self.queue.append(Lost(ring.key, missing))
+        self.queue.append(self.builder.lost(ring.key, missing))
         self.pending += 1
         return 1
 
@@ -399,6 +419,8 @@ class Reader:
         threshold = self.ring_bytes >> 2
         added = 0
         for key, ring in list(self.rings.items()):
+            if self._sizes is not None:
+                threshold = self.ring_size(key) >> 2
             if ring.pending_bytes() >= threshold:
                 added += self.drain(key)
         return added
@@ -543,9 +565,12 @@ class Reader:
         decoder that has a layout.
         """
         if self._columns is None:
-            self._columns = load_columns(self.decoder)
+            source = self.source
+            columns = cast("Columns", source.columns(load_columns)) if isinstance(  # one per map
+                source, MultiSource) else load_columns(self.decoder)
             # From now on runs are found with NumPy too.
-            self.split = self._columns.split_for(self.source.records)
+            self.split = columns.split_for(source.records)
+            self._columns = columns
         return self._columns
 
     def take_arrays(self, max_rows: int | None = None) -> list[ArrayItem]:
@@ -621,9 +646,9 @@ class Reader:
         losses, ring = self.losses, self.rings.get(key)
         lost = losses.lost(key, ring)
         queue_lost, _ = losses.split(key, lost)
-        size = self.ring_bytes
+        size = self.ring_size(key)
         return CpuStatistics(
-            cpu=key,
+            cpu=self.builder.cpu_of(key),
             samples=c[_SAMPLES],
             lost=lost,
             bytes=c[_BYTES],
@@ -634,6 +659,7 @@ class Reader:
             backlog_bytes=0 if ring is None else ring.pending_bytes(),
             high_water=self.high_water.get(key, 0) / size if size else 0.0,
             queue_lost=queue_lost,
+            map=self.builder.map_of(key),
         )
 
     def log_summary(self, event: str) -> None:
@@ -643,7 +669,8 @@ class Reader:
             source=self.source.name,
             samples=stats.samples,
             lost=stats.lost,
-            lost_by_cpu={c.cpu: c.lost for c in stats.cpus if c.lost},
+            lost_by_cpu={c.cpu if c.map is None else f"{c.map}:{c.cpu}": c.lost
+                         for c in stats.cpus if c.lost},
             lost_counter=stats.lost_counter,
             decode_errors=stats.decode_errors,
             undelivered=stats.pending,

@@ -14,7 +14,7 @@ import re
 import struct
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from ._clock import Clock
 from ._decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
 from ._errors import UnsupportedError
 from ._map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
+from ._multi import Member, MultiSource, check_names
 from ._object import BPFObject, Map
 from ._options import (
     DecodeErrorPolicy,
@@ -34,7 +35,7 @@ from ._options import (
     ring_data_bytes,
 )
 from ._perf_source import PerfEventArraySource, check_layout
-from ._reader import Reader
+from ._reader import Reader, load_columns
 from ._ringbuf_source import RingBufferSource
 from ._source import RING_SOURCE_MEMBERS, RingConfig, RingSource
 
@@ -169,6 +170,18 @@ class ReaderOptions:
         take_over: bool = False,
         overwritable: bool = False,
     ) -> ReaderOptions:
+        if isinstance(source, Mapping | list | tuple):
+            return cls._check_several(
+                source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
+                max_pending=max_pending, decode_errors=decode_errors, cpus=cpus,
+                map_keys=map_keys, memory_bytes=memory_bytes, take_over=take_over,
+                overwritable=overwritable,
+            )
+        if isinstance(decoder, Mapping):
+            raise TypeError(
+                "decoder= as a mapping of map names goes with several maps: "
+                "PerfStream({'name': map, ...}, decoder={'name': ...})"
+            )
         ring_source = resolve_source(source)
         if take_over is not False:
             if take_over is not True:
@@ -210,6 +223,102 @@ class ReaderOptions:
             memory_bytes=budget,
             overwritable=overwritable,
         )
+
+    @classmethod
+    def _check_several(
+        cls,
+        source: Mapping[str, object] | list[object] | tuple[object, ...],
+        *,
+        pages: int | None,
+        ring_bytes: int | None,
+        wakeup: Wakeup | str | None,
+        decoder: DecoderSpec | Mapping[str, DecoderSpec],
+        max_pending: int,
+        decode_errors: DecodeErrorPolicy,
+        cpus: Iterable[int] | None,
+        map_keys: Iterable[int] | None,
+        memory_bytes: int | None,
+        take_over: bool,
+        overwritable: bool,
+    ) -> ReaderOptions:
+        """Several maps in one stream (``_multi.py``): each spec resolved as a single
+        source is, each decoder against its own map's source."""
+        if isinstance(source, Mapping):
+            pairs = list(source.items())
+        else:
+            pairs = [(spec.name if isinstance(spec, Map) else f"map{index}", spec)
+                     for index, spec in enumerate(source)]
+        if not pairs:
+            raise ValueError("source: an empty mapping (or list) of maps: give at least one")
+        names = [name for name, _ in pairs]
+        check_names(names)
+        if memory_bytes is not None:
+            raise UnsupportedError(
+                "memory_bytes= shares one budget among the rings of one perf event array; a "
+                "stream of several maps cannot split it among them: give pages= or ring_bytes= "
+                "(the size of each perf event array's rings)"
+            )
+        if overwritable is not False:
+            raise UnsupportedError(
+                "overwritable=True makes the flight-recorder rings of one perf event array, "
+                "read by snapshot(); a stream of several maps cannot: one stream per map"
+            )
+        if isinstance(decoder, Mapping):
+            unknown = [name for name in decoder if name not in names]
+            if unknown:
+                raise ValueError(
+                    f"decoder: no map named {', '.join(map(repr, unknown))} in this stream "
+                    f"(its maps: {', '.join(map(repr, names))})"
+                )
+            specs = {name: decoder.get(name) for name in names}
+        else:
+            specs = dict.fromkeys(names, decoder)
+        sources = [resolve_source(spec) for _, spec in pairs]
+        if take_over is not False:
+            if take_over is not True:
+                raise TypeError(f"take_over must be True or False, not {take_over!r}")
+            takers = [s for s in sources if hasattr(s, "take_over")]
+            if not takers:
+                raise TypeError("take_over=True: none of these sources is a map, to take from "
+                                "a reader in another process")
+            for taker in takers:
+                taker.take_over = True
+        cpu_ids, keys = check_layout(cpus, map_keys)
+        laid_out = [isinstance(s, PerfEventArraySource) for s in sources]
+        if cpu_ids is not None and not any(laid_out):
+            raise UnsupportedError(
+                "cpus= and map_keys= choose the rings of a Linux perf event array; none of "
+                f"these maps is one ({', '.join(names)})"
+            )
+        sized = [not isinstance(s, RingBufferSource) for s in sources]
+        size = ring_data_bytes(pages, ring_bytes)
+        if size is not None and not any(sized):
+            raise UnsupportedError(
+                "pages= and ring_bytes= size perf rings; every map here is a BPF ring buffer, "
+                "whose size is the map's own (max_entries): leave them out"
+            )
+        members = [
+            Member(name, src, resolve_decoder(specs[name], src), sized=s, laid_out=lay)
+            for name, src, s, lay in zip(names, sources, sized, laid_out, strict=True)
+        ]
+        return cls(
+            source=MultiSource(members),
+            ring_bytes=size,
+            wakeup=resolve_wakeup(wakeup),
+            decoder=None,
+            max_pending=check_max_pending(max_pending),
+            decode_errors=check_decode_errors(decode_errors),
+            cpus=cpu_ids,
+            map_keys=keys,
+        )
+
+    def check_columns(self) -> None:
+        """That columnar batches can be made (NumPy; a decoder with a layout for each map),
+        when a driver is made."""
+        if isinstance(self.source, MultiSource):
+            self.source.columns(load_columns)
+        else:
+            load_columns(self.decoder)
 
     def open(self, clock: Clock) -> Reader:
         """Open the rings and build the reader on them (all or nothing)."""

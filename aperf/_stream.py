@@ -21,7 +21,7 @@ from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatisti
 from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._overwrite import snapshot
-from ._reader import DEFAULT_BATCH, Reader, load_columns
+from ._reader import DEFAULT_BATCH, Reader
 from ._setup import ReaderOptions, SourceSpec
 from ._source import set_paused
 from ._waiting import current_binding
@@ -224,7 +224,7 @@ class PerfStream(Generic[T]):
             if on_batch is not None or on_sample is not None:
                 raise ValueError("give on_array (columnar), or on_sample/on_batch, not both")
             self._handlers = Handlers(None, on_lost, on_decode_error, on_array)
-            load_columns(self._options.decoder)  # NumPy and a decoder with a layout, now
+            self._options.check_columns()  # NumPy and a decoder with a layout, now
         elif on_sample is not None:
             self._handlers = Handlers(on_sample, on_lost, on_decode_error)
         elif on_lost is not None or on_decode_error is not None:
@@ -609,7 +609,7 @@ class PerfStream(Generic[T]):
         """
         max_rows = _check_max_rows(max_rows)
         handlers = Handlers(None, on_lost, on_decode_error, on_array)
-        load_columns(self._options.decoder)  # NumPy and a decoder with a layout, now
+        self._options.check_columns()  # NumPy and a decoder with a layout, now
         await self._dispatch(handlers, max_rows)
 
     async def _dispatch(self, handlers: Handlers, max_rows: int | None = None) -> None:
@@ -659,8 +659,9 @@ class PerfStream(Generic[T]):
 
     @property
     def cpus(self) -> list[int]:
-        """The ring keys (CPU ids) of the open stream."""
-        return self._require_open().keys()
+        """The CPUs of the open stream's rings (-1: a BPF ring buffer's), sorted; with
+        several maps, each CPU once."""
+        return self._require_open().cpus()
 
     @property
     def wakeup(self) -> Wakeup:

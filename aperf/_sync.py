@@ -19,7 +19,7 @@ from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatisti
 from ._lifetime import OpenReader
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from ._overwrite import snapshot
-from ._reader import DEFAULT_BATCH, Reader, load_columns
+from ._reader import DEFAULT_BATCH, Reader
 from ._setup import ReaderOptions, SourceSpec
 from ._source import set_paused
 from ._waiting import handle_waiter
@@ -193,7 +193,7 @@ class PerfBuffer(Generic[T]):
             overwritable=overwritable,
         )
         if on_array is not None:
-            load_columns(options.decoder)  # NumPy and a decoder with a layout, now
+            options.check_columns()  # NumPy and a decoder with a layout, now
         self._wakeup = options.wakeup
         # One caller at a time inside poll/consume; close() interrupts a waiting poll,
         # then takes the lock, so it never frees rings under a reader. Reentrant: a
@@ -216,19 +216,25 @@ class PerfBuffer(Generic[T]):
 
     @property
     def buffer_cnt(self) -> int:
-        """Number of rings (one per online CPU that has a map slot)."""
+        """Number of rings (one per online CPU that has a map slot; of every map, with
+        several)."""
         return len(self._require_open().keys())
 
     @property
     def cpus(self) -> list[int]:
-        """The CPU id of each ring, in order."""
-        return self._require_open().keys()
+        """The CPU id of each ring, in order (with several maps: the CPUs that have rings)."""
+        return self._require_open().cpus()
 
     def buffer_fd(self, cpu: int) -> int:
         """The perf event fd of ``cpu``'s ring (to wait on it in your own loop).
 
         On Windows: the perf buffer's wait handle, which every ring shares."""
-        handle = self._require_open().handle_of(cpu)
+        reader = self._require_open()
+        keys = reader.keys_of(cpu)
+        if len(keys) > 1:
+            raise ValueError(f"several maps have a ring on CPU {cpu!r}: buffer_fd() is for a "
+                             "buffer of one map")
+        handle = reader.handle_of(keys[0]) if keys else None
         if handle is None:
             raise ValueError(f"no ring for CPU {cpu!r}; rings: {self.cpus}")
         return handle
@@ -283,10 +289,11 @@ class PerfBuffer(Generic[T]):
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
         with self._lock:
             reader = self._require_open()
-            keys = reader.keys()
-            if cpu not in keys:
-                raise ValueError(f"no ring for CPU {cpu!r}; rings: {keys}")
-            reader.drain(cpu, force=True)
+            keys = reader.keys_of(cpu)  # one per map
+            if not keys:
+                raise ValueError(f"no ring for CPU {cpu!r}; rings: {reader.cpus()}")
+            for key in keys:
+                reader.drain(key, force=True)
             return self._dispatch(reader)
 
     def flush(self) -> int:

@@ -66,4 +66,7 @@ async def test_a_source_with_every_member_reads_as_the_fake_does() -> None:
 
 def test_what_is_no_source_at_all_keeps_its_message() -> None:
     with pytest.raises(TypeError, match=r"source must be an aperf\.Map"):
-        aperf.PerfStream([1, 2])  # type: ignore[arg-type]
+        aperf.PerfStream({1, 2})  # type: ignore[arg-type]
+    # A list is several maps now; each one is checked as a single source is.
+    with pytest.raises(TypeError, match=r"source must be an aperf\.Map.*not float"):
+        aperf.PerfStream([1.5, 2])  # type: ignore[list-item]
