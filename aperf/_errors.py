@@ -279,6 +279,14 @@ class DecodeError(AperfError, ValueError):
         self.data = data
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickles (a BadSample's error, sent to another process) with its map.
+        return (_decode_error, (self.cpu, self.data, self.reason, self.map))
+
+
+def _decode_error(cpu: int, data: bytes, reason: str, map: str | None) -> DecodeError:
+    return DecodeError(cpu, data, reason, map=map)
+
 
 class RingFullError(AperfError, TimeoutError):
     """A user ring buffer had no room for a message (at once, or within the timeout).

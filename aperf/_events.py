@@ -103,13 +103,17 @@ Event = Union[Sample[T], Lost, BadSample]  # noqa: UP007 - a generic alias needs
 _TAGS = ("map", "late")
 
 
-@functools.cache
 def tagged(kind: type, map: str | None = None, late: bool = False) -> type:
     """The subclass of ``Sample``, ``Lost`` or ``BadSample`` whose events say ``map`` and
     ``late``: the tags are class attributes, so an event stays the same tuple of the
     same fields (unpacking, ``==`` and ``match`` work as before) and costs nothing
     more per event. ``kind`` itself when there is nothing to say. Cached: one class
     per (kind, map, late); they pickle through ``_untag``."""
+    return _tagged(kind, map, late)  # one cache key however the tags were passed
+
+
+@functools.cache
+def _tagged(kind: type, map: str | None, late: bool) -> type:
     base = getattr(kind, "_untagged", kind)
     if map is None and not late:
         return base
