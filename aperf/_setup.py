@@ -43,7 +43,12 @@ DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
 subclass, the name of a struct (or typedef) in the map's object's BTF, or None."""
 
-SourceSpec = RingSource | MapSpec
+SourceSpec = (
+    RingSource | MapSpec | Mapping[str, RingSource | MapSpec]
+    | list[RingSource | MapSpec] | tuple[RingSource | MapSpec, ...]
+)
+"""What ``source`` takes: one map (or ring source), or several (a mapping of names, or a
+list or tuple: docs/rings.md, "Several maps in one stream")."""
 _C_NAME = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
 
 

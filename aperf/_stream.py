@@ -11,7 +11,7 @@ import struct
 import threading
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Generic, TypeVar, overload
 
@@ -70,7 +70,12 @@ class PerfStream(Generic[T]):
         source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
             else, or the path of a pinned map (the map's type picks how it is read: a
             perf event array, or a BPF ring buffer); or a ring source
-            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``).
+            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``). Or several
+            of them, perf event arrays and ring buffers mixed: a mapping of names to
+            them, or a list or tuple (named by ``aperf.Map.name``, else "map0", "map1"...);
+            events then say their map (``event.map``) and real CPU, and the options
+            apply to each map where they make sense (docs/rings.md, "Several maps in
+            one stream").
         pages: pages per ring, a power of two (default ``aperf.DEFAULT_PAGES``, 128, per
             CPU). Give ``pages`` or ``ring_bytes``, not both; neither for a BPF ring
             buffer, whose size is the map's own.
@@ -78,7 +83,9 @@ class PerfStream(Generic[T]):
         decoder: what ``Sample.value`` holds: None (only the raw ``Sample.data``), the
             name of a struct or typedef in the BTF of the map's ``aperf.BPFObject``, a
             ``ctypes.Structure`` subclass, a ``struct.Struct``, or any callable that
-            takes a sample's ``bytes`` and returns its value (docs/decoding.md).
+            takes a sample's ``bytes`` and returns its value (docs/decoding.md). With
+            several maps: one for all, or a mapping of map names to decoders (a map left
+            out gets raw samples).
         wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
             ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
         max_pending: events the stream queues before it stops draining its rings
@@ -147,7 +154,7 @@ class PerfStream(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
-        decoder: str | type | struct.Struct,
+        decoder: str | type | struct.Struct | Mapping[str, Any],
         wakeup: Wakeup | str | None = ...,
         max_pending: int = ...,
         decode_errors: DecodeErrorPolicy = ...,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, overload
 
 from ._callbacks import Handlers
@@ -47,7 +47,12 @@ class PerfBuffer(Generic[T]):
         source: what to read: an ``aperf.Map``, the fd of such a map loaded by anything
             else, or the path of a pinned map (the map's type picks how it is read: a
             perf event array, or a BPF ring buffer); or a ring source
-            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``).
+            (``aperf.RingBufferSource``, ``aperf.testing.FakeRingSource``). Or several
+            of them, perf event arrays and ring buffers mixed: a mapping of names to
+            them, or a list or tuple (named by ``aperf.Map.name``, else "map0", "map1"...);
+            events then say their map (``event.map``) and real CPU, and the options
+            apply to each map where they make sense (docs/rings.md, "Several maps in
+            one stream").
         pages: pages per ring, a power of two (default ``aperf.DEFAULT_PAGES``, 128, per
             CPU). Give ``pages`` or ``ring_bytes``, not both; neither for a BPF ring
             buffer, whose size is the map's own.
@@ -55,7 +60,9 @@ class PerfBuffer(Generic[T]):
         decoder: what ``Sample.value`` holds: None (only the raw ``Sample.data``), the
             name of a struct or typedef in the BTF of the map's ``aperf.BPFObject``, a
             ``ctypes.Structure`` subclass, a ``struct.Struct``, or any callable that
-            takes a sample's ``bytes`` and returns its value (docs/decoding.md).
+            takes a sample's ``bytes`` and returns its value (docs/decoding.md). With
+            several maps: one for all, or a mapping of map names to decoders (a map left
+            out gets raw samples).
         wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
             ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
         max_pending: events the buffer queues before it stops draining its rings
@@ -126,7 +133,7 @@ class PerfBuffer(Generic[T]):
         *,
         pages: int | None = ...,
         ring_bytes: int | None = ...,
-        decoder: str | type | struct.Struct,
+        decoder: str | type | struct.Struct | Mapping[str, Any],
         wakeup: Wakeup | str | None = ...,
         max_pending: int = ...,
         decode_errors: DecodeErrorPolicy = ...,

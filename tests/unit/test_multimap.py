@@ -3,15 +3,20 @@ ring keys kept inside aperf (real CPUs out), failures that name their map."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import struct
 from typing import Any
 
+import anyio
 import pytest
 
 import aperf
 from aperf._events import tagged
+from aperf._fake import _FakeRing
 from aperf._multi import STRIDE, offset_of
+from aperf._source import SourceEnded
 from aperf.testing import FakeRingSource
 
 REC = struct.Struct("<QQ")
@@ -231,3 +236,100 @@ def test_perf_buffer_by_real_cpu() -> None:
         assert [(e.map, e.cpu) for e in seen] == [("a", 1), ("b", 1)]
         assert pb.consume() == 1
     assert seen[-1].map == "a" and seen[-1].cpu == 0
+
+
+# --- notices: a map taken over, CPU hotplug --------------------------------------------
+
+
+class _Noticed(FakeRingSource):
+    """A fake with a notice handle (an eventfd), as a map's lock and hotplug socket are."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(cpus=[0, 1], name=name)
+        self.notice = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    @property
+    def notices(self) -> list[int]:
+        return [self.notice]
+
+    def fire(self) -> None:
+        os.eventfd_write(self.notice, 1)
+
+    def _clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.notice)
+
+
+class _TakenOver(_Noticed):
+    def acknowledge(self, handle: int) -> None:
+        if handle != self.notice:
+            super().acknowledge(handle)
+            return
+        self._clear()
+        raise SourceEnded(aperf.TakenOverError(self.name, 7, 1234), drain=False)
+
+
+class _Hotplugged(_Noticed):
+    """Its notice says CPU 1 went offline and CPU 2 came online."""
+
+    changed = False
+
+    def acknowledge(self, handle: int) -> None:
+        if handle != self.notice:
+            super().acknowledge(handle)
+            return
+        self._clear()
+        self.changed = True
+
+    def cpus_changed(self) -> tuple[list[int], list[Any]]:
+        if not self.changed:
+            return [], []
+        self.changed = False
+        ring = _FakeRing(2, self.ring_bytes, self._lock, True)
+        self._rings[2] = ring
+        return [1], [ring]
+
+
+async def test_a_map_taken_over_ends_the_stream_after_the_others_are_drained() -> None:
+    a, taken = FakeRingSource([0, 1], name="a"), _TakenOver("t")
+    got: list[Any] = []
+    try:
+        wakeup = aperf.Wakeup.every(1000, max_latency=60)  # nothing read before the notice
+        async with aperf.PerfStream({"a": a, "t": taken}, wakeup=wakeup) as stream:
+            await anyio.sleep(0.05)
+            for i in range(10):
+                assert a.write(i % 2, i.to_bytes(4, "little"))
+                assert taken.write(i % 2, i.to_bytes(4, "little"))
+            taken.fire()
+            with pytest.raises(aperf.TakenOverError), anyio.fail_after(10):
+                async for event in stream:
+                    got.append(event)
+    finally:
+        os.close(taken.notice)
+    # The other map's samples, all of them; none of the map that is no longer ours.
+    assert sorted(int.from_bytes(e.data[:4], "little") for e in got) == list(range(10))
+    assert {e.map for e in got} == {"a"}
+
+
+async def test_hotplug_notices_go_to_their_map_with_its_keys() -> None:
+    a, hot = FakeRingSource([0, 1], name="a"), _Hotplugged("h")
+    got: list[Any] = []
+    try:
+        async with aperf.PerfStream({"a": a, "h": hot}) as stream:
+            assert hot.write(1, b"before")
+            assert a.write(1, b"a-cpu1")
+            hot.fire()
+            with anyio.fail_after(10):
+                while stream.cpus != [0, 1, 2]:
+                    await anyio.sleep(0.01)
+            assert hot.write(2, b"after!")
+            async for event in stream:
+                got.append(event)
+                if len(got) == 3:
+                    break
+            stats = {(c.map, c.cpu): c.samples for c in stream.statistics().cpus}
+    finally:
+        os.close(hot.notice)
+    assert sorted((e.map, e.cpu, e.data[:6]) for e in got) == [
+        ("a", 1, b"a-cpu1"), ("h", 1, b"before"), ("h", 2, b"after!")]
+    assert stats == {("a", 0): 0, ("a", 1): 1, ("h", 0): 0, ("h", 1): 1, ("h", 2): 1}
