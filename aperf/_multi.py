@@ -216,7 +216,7 @@ class MultiSource:
             )
         self.members = list(members)
         self.handle_kind: HandleKind = kinds.pop()
-        self.name = ", ".join(m.name for m in members)
+        self.name = f"several maps ({', '.join(m.name for m in members)})"
         self.multi_records = MultiRecords([m.name for m in members], [m.source for m in members])
         self.records: RecordFormat = self.multi_records
         self._owner: dict[int, int] = {}  # readiness handle -> member index

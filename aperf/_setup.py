@@ -14,7 +14,7 @@ import re
 import struct
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +43,8 @@ DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
 subclass, the name of a struct (or typedef) in the map's object's BTF, or None."""
 
-SourceSpec = (
-    RingSource | MapSpec | Mapping[str, RingSource | MapSpec]
-    | list[RingSource | MapSpec] | tuple[RingSource | MapSpec, ...]
-)
+SourceSpec = RingSource | MapSpec | Mapping[str, RingSource | MapSpec] | Sequence[
+    RingSource | MapSpec]
 """What ``source`` takes: one map (or ring source), or several (a mapping of names, or a
 list or tuple: docs/rings.md, "Several maps in one stream")."""
 _C_NAME = re.compile(r"^(struct\s+)?[A-Za-z_][A-Za-z0-9_]*$")
@@ -175,7 +173,9 @@ class ReaderOptions:
         take_over: bool = False,
         overwritable: bool = False,
     ) -> ReaderOptions:
-        if isinstance(source, Mapping | list | tuple):
+        if isinstance(source, Mapping) or (
+            isinstance(source, Sequence) and not isinstance(source, str | bytes)
+        ):
             return cls._check_several(
                 source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
                 max_pending=max_pending, decode_errors=decode_errors, cpus=cpus,
@@ -232,7 +232,7 @@ class ReaderOptions:
     @classmethod
     def _check_several(
         cls,
-        source: Mapping[str, object] | list[object] | tuple[object, ...],
+        source: Mapping[str, object] | Sequence[object],
         *,
         pages: int | None,
         ring_bytes: int | None,

@@ -193,6 +193,26 @@ async def test_two_perf_event_arrays_in_one_stream(perf: Producer) -> None:
         (m, cpu): N for m in "ab" for cpu in CPUS}
 
 
+async def test_pause_and_resume_every_perf_event_array(perf: Producer) -> None:
+    with Producer() as other:
+        async with aperf.PerfStream({"a": perf.map, "b": other.map}) as stream:
+            stream.pause()
+            perf.emit(5, cpu=CPUS[0])
+            other.emit(5, cpu=CPUS[1])
+            assert (perf.counters().failed, other.counters().failed) == (5, 5)  # -ENOENT
+            stream.resume()
+            perf.emit(3, cpu=CPUS[0])
+            other.emit(2, cpu=CPUS[1])
+            got = []
+            with anyio.fail_after(20):
+                async for event in stream:
+                    got.append((event.map, event.cpu))
+                    if len(got) == 5:
+                        break
+            assert stream.statistics().lost == 0  # the BPF side counted those, not the rings
+    assert sorted(got) == [("a", CPUS[0])] * 3 + [("b", CPUS[1])] * 2
+
+
 async def test_losses_are_exact_per_map_and_cpu() -> None:
     require_kernel()
     if len(CPUS) < 2:

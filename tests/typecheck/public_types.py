@@ -34,6 +34,20 @@ async def events() -> None:
     assert_type(bare.value, Any)
 
 
+async def several_maps() -> None:
+    a, b = FakeRingSource(name="a"), FakeRingSource(name="b")
+    decoded = aperf.PerfStream({"a": a, "b": b}, decoder={"a": struct.Struct("<Q")})
+    assert_type(decoded, aperf.PerfStream[Any])
+    sources = [a, b]
+    raw = aperf.PerfStream(sources)
+    assert_type(raw, aperf.PerfStream[None])
+    async for event in decoded:
+        assert_type(event.map, str | None)
+    assert_type(decoded.statistics().by_map(), dict[str | None, aperf.StreamStatistics])
+    assert_type(decoded.statistics().cpus[0].map, str | None)
+    aperf.PerfBuffer((a, b), decoder={"b": decode}, on_sample=print)
+
+
 async def callbacks() -> None:
     src = FakeRingSource(cpus=[0])
     typed = aperf.PerfStream(src, decoder=decode)
