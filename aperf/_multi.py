@@ -68,6 +68,13 @@ class _MemberRing:
         self.pending_bytes: Callable[[], int] = ring.pending_bytes
         self.lost_total: Callable[[], int | None] = ring.lost_total
 
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a ring may offer (optional calls a reader looks up) is the
+        # member ring's own; only the key differs.
+        if name == "ring":
+            raise AttributeError(name)  # not set yet: no recursion
+        return getattr(self.ring, name)
+
     def silence(self) -> None:
         """The ring is no longer ours (its map was taken over): nothing more to read."""
         self.take = _nothing

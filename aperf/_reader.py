@@ -140,7 +140,8 @@ class Reader:
         self.memory_bytes = source.memory_bytes
         self._full_mark = max(0, self.ring_bytes - MAX_RECORD)
         # Several maps: rings of different sizes.
-        self._sizes: Callable[[int], int] | None = getattr(source, "ring_bytes_of", None)
+        self._sizes: Callable[[int], int] | None = (
+            source.ring_bytes_of if isinstance(source, MultiSource) else None)
         self.held: deque[Event[Any]] = deque()  # built events, served before the queue
         self.next_event = self.held.popleft  # IndexError when the front is empty
         self.held_arrays: deque[ArrayItem] = deque()
