@@ -206,6 +206,9 @@ class StreamStatistics:
     closed: bool
     drain_period: float | None = None  # the drain timer's current period (None: no timer)
     lost_counter: Literal["exact", "records", "none"] = "records"
+    # Several maps: each map's (ring_bytes, memory_bytes, lost_counter), for by_map().
+    _maps: dict[str, tuple[int, int, Any]] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
 
     @property
     def samples(self) -> int:
@@ -248,17 +251,26 @@ class StreamStatistics:
         return sum(c.ring_lost for c in self.cpus)
 
     def by_map(self) -> dict[str | None, StreamStatistics]:
-        """This snapshot per map, in a stream of several maps: for each map's name,
-        the same statistics with ``cpus`` holding that map's rings only, so that its
-        sums (``samples``, ``lost``, ``bytes``...) are the map's. The other fields
-        (``pending``, ``max_pending``, ``paused``, ``ring_bytes`` (the largest ring's),
-        ``memory_bytes``, ``lost_counter``...) are the stream's: one queue serves every
-        map. A stream of one map: ``{None: self}``."""
-        names = dict.fromkeys(c.map for c in self.cpus)
-        return {
-            name: dataclasses.replace(self, cpus=tuple(c for c in self.cpus if c.map == name))
-            for name in names
-        }
+        """This snapshot per map, in a stream of several maps: for each map's name, the
+        same statistics with ``cpus`` holding that map's rings only, so that its sums
+        (``samples``, ``lost``, ``bytes``...) are the map's, and with the map's own
+        ``ring_bytes``, ``memory_bytes`` and ``lost_counter``. The queue's fields
+        (``pending``, ``max_pending``, ``paused``, ``drain_period``, ``closed``) are the
+        stream's: one queue serves every map. A stream of one map: ``{None: self}``.
+
+        The stream's own ``ring_bytes`` is its largest ring's, ``memory_bytes`` the sum,
+        and ``lost_counter`` the best any map has (``"exact"`` if one map's producer
+        counts its drops)."""
+        if self._maps is None:  # a stream of one map (or statistics made by hand)
+            names = dict.fromkeys(c.map for c in self.cpus) or {None: None}
+            return {name: dataclasses.replace(
+                self, cpus=tuple(c for c in self.cpus if c.map == name)) for name in names}
+        out: dict[str | None, StreamStatistics] = {}
+        for name, (ring_bytes, memory_bytes, counter) in self._maps.items():
+            out[name] = dataclasses.replace(
+                self, cpus=tuple(c for c in self.cpus if c.map == name), ring_bytes=ring_bytes,
+                memory_bytes=memory_bytes, lost_counter=counter, _maps=None)
+        return out
 
 
 class SampleArray:

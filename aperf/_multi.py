@@ -294,6 +294,20 @@ class MultiSource:
     def memory_bytes(self) -> int:
         return sum(m.source.memory_bytes for m in self.members)
 
+    def map_facts(self, exact: Callable[[int], bool]) -> dict[str, tuple[int, int, str]]:
+        """Each map's ring size, memory and where its loss counts come from (as
+        ``LossLedger.counter`` says for a stream of one; ``exact``: whether the producer
+        of ring ``key`` counts its drops)."""
+        facts = {}
+        for index, member in enumerate(self.members):
+            if any(exact(ring.key) for ring in self._rings[index]):
+                counter = "exact"
+            else:
+                counter = "records" if getattr(member.source.records, "lost_records",
+                                               True) else "none"
+            facts[member.name] = (self._sizes[index], member.source.memory_bytes, counter)
+        return facts
+
     def acknowledge(self, handle: int) -> None:
         index = self._owner.get(handle)
         if index is None:

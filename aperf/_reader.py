@@ -641,6 +641,8 @@ class Reader:
             closed=self.closed,
             drain_period=None if self.closed else self.period(self.clock.now()),
             lost_counter=self.lost_counter,
+            _maps=self.source.map_facts(self.losses.exact) if isinstance(
+                self.source, MultiSource) else None,
         )
 
     def _cpu_statistics(self, key: int, c: list[int]) -> CpuStatistics:

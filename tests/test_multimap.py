@@ -193,6 +193,35 @@ async def test_two_perf_event_arrays_in_one_stream(perf: Producer) -> None:
         (m, cpu): N for m in "ab" for cpu in CPUS}
 
 
+async def test_cpus_choose_the_perf_rings_and_pages_need_a_perf_map(
+    perf: Producer, ringbuf: Producer,
+) -> None:
+    with pytest.raises(aperf.UnsupportedError, match="every map here is a BPF ring buffer"):
+        aperf.PerfStream({"rb": ringbuf.map}, pages=8)
+    async with aperf.PerfStream({"events": perf.map, "rb": ringbuf.map}, cpus=[CPUS[1]],
+                                pages=8) as stream:
+        assert stream.cpus == [aperf.NO_CPU, CPUS[1]]
+        assert {(c.map, c.cpu) for c in stream.statistics().cpus} == {
+            ("events", CPUS[1]), ("rb", aperf.NO_CPU)}
+        per_map = stream.statistics().by_map()
+        assert per_map["events"].ring_bytes == 8 * 4096
+        assert per_map["rb"].ring_bytes == ringbuf.map.max_entries
+        assert per_map["events"].lost_counter == "exact"
+        assert per_map["rb"].lost_counter == "none"  # the map alone: no BPF-side count
+        assert stream.statistics().ring_bytes == max(8 * 4096, ringbuf.map.max_entries)
+        perf.emit(4, cpu=CPUS[0])  # no ring there: -ENOENT, the BPF side's count
+        perf.emit(3, cpu=CPUS[1])
+        ringbuf.emit(2, cpu=CPUS[0])
+        got = []
+        with anyio.fail_after(20):
+            async for event in stream:
+                got.append((event.map, event.cpu))
+                if len(got) == 5:
+                    break
+    assert perf.counters().failed == 4
+    assert sorted(got) == [("events", CPUS[1])] * 3 + [("rb", aperf.NO_CPU)] * 2
+
+
 async def test_pause_and_resume_every_perf_event_array(perf: Producer) -> None:
     with Producer() as other:
         async with aperf.PerfStream({"a": perf.map, "b": other.map}) as stream:
