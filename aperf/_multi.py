@@ -12,6 +12,7 @@ map's tagged event classes (``tagged(Sample, name)``) with the real CPU.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
@@ -76,9 +77,12 @@ class _MemberRing:
         return getattr(self.ring, name)
 
     def silence(self) -> None:
-        """The ring is no longer ours (its map was taken over): nothing more to read."""
+        """The ring is no longer ours (its map was taken over): nothing more to read, and
+        no drop counted from now on is ours to report."""
+        frozen = self.lost_total()
         self.take = _nothing
         self.pending_bytes = _empty
+        self.lost_total = lambda: frozen
 
 
 class MultiRecords:
@@ -335,7 +339,16 @@ class MultiSource:
                 continue
             went, came = changed()
             offset = offset_of(index)
-            gone.extend(key + offset for key in went)
+            keys = {key + offset for key in went}
+            gone.extend(sorted(keys))
+            # The rings of CPUs gone offline are the reader's to drain and forget: their
+            # handles stop being this member's (an fd number may come back as another's).
+            kept = [ring for ring in self._rings[index] if ring.key not in keys]
+            live = {ring.handle for ring in kept}
+            for ring in self._rings[index]:
+                if ring.key in keys and ring.handle not in live:
+                    self._owner.pop(ring.handle, None)
+            self._rings[index] = kept
             new.extend(self._adopt(index, came))
         return gone, new
 
@@ -404,8 +417,7 @@ def check_names(names: Sequence[str]) -> None:
     bad = [n for n in names if not isinstance(n, str) or not n]
     if bad:
         raise TypeError(f"source: map names must be non-empty strings, not {bad!r}")
-    seen: set[str] = set()
-    repeated = sorted({n for n in names if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
+    repeated = sorted(name for name, count in collections.Counter(names).items() if count > 1)
     if repeated:
         raise ValueError(
             f"source: the maps of one stream need distinct names; {repeated} repeat (give a "
