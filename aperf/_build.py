@@ -10,7 +10,7 @@ allow) and ``BadSample`` items under the ``decode_errors`` policy.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from ._decode import SizedDecoder
@@ -89,10 +89,10 @@ class EventBuilder:
 
     def run(self, key: int, run: Run, start: int, stop: int, out: list[Any]) -> None:
         """Sample events of records ``start`` to ``stop`` of a run, straight out of its span."""
-        payloads = run.payloads(start, stop)
         decoder = self.decoder
         if decoder is None:
-            rows = zip(_repeat(key - self.offset), payloads, _NONES, strict=False)
+            rows = zip(_repeat(key - self.offset), run.each_payload(start, stop), _NONES,
+                       strict=False)
             out.extend(map(_tuple_new, _repeat(self.sample), rows))
             return
         if isinstance(decoder, SizedDecoder) and run.size >= decoder.size:
@@ -100,17 +100,21 @@ class EventBuilder:
             # fields unpacked from the span itself where the format allows.
             fields = decoder.strided(run.skip, run.stride)
             if fields is None:
-                values = decoder.decode_many(payloads)
+                listed = run.payloads(start, stop)
+                payloads: Iterable[bytes] = listed
+                values: Iterable[Any] = decoder.decode_many(listed)
             else:
+                # Payloads and values one at a time into the zip: no lists in between.
+                payloads = run.each_payload(start, stop)
                 at = run.start + start * run.stride
                 view = memoryview(run.span)[at : at + (stop - start) * run.stride]
-                values = decoder.decode_rows(fields.iter_unpack(view))
+                values = decoder.each_row(fields.iter_unpack(view))
             # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
             # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
             rows = zip(_repeat(key - self.offset), payloads, values, strict=False)
             out.extend(_starmap(_tuple_new, zip(_repeat(self.sample), rows, strict=False)))
             return
-        self.payloads(key, payloads, True, out)
+        self.payloads(key, run.payloads(start, stop), True, out)
 
     def payloads(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
         """Sample events of samples parsed one by one (``BadSample`` where decoding failed)."""

@@ -205,6 +205,7 @@ class SizedDecoder:
         build_many: Callable[[list[bytes]], list[Any]] | None = None,
         *,
         build_rows: Callable[[Iterable[tuple[Any, ...]]], list[Any]] | None = None,
+        row_class: Callable[[tuple[Any, ...]], Any] | None = None,
         layout: RecordType | None = None,
         tail: str | None = None,
     ) -> None:
@@ -216,6 +217,7 @@ class SizedDecoder:
         self.tail = tail
         self._build_many = build_many
         self._build_rows = build_rows
+        self._row_class = row_class  # value = row_class(unpacked row), if that is all
         self._strided: dict[tuple[int, int], struct.Struct | None] = {}
         unpack_from = fmt.unpack_from
         size = fmt.size
@@ -275,6 +277,15 @@ class SizedDecoder:
         if self.tail is not None:
             raise TypeError(f"{self.name} has a tail: decode its payloads")
         return list(map(self.build, rows))
+
+    def each_row(self, rows: Iterable[tuple[Any, ...]]) -> Iterable[Any]:
+        """``decode_rows(rows)``, one value at a time where that is cheaper (no list in
+        between: a record class applied to each row, or the rows themselves)."""
+        if self._row_class is not None:
+            return map(self._row_class, rows)
+        if self.build is None and self.tail is None:
+            return rows
+        return self.decode_rows(rows)
 
     @property
     def dtype(self) -> Any:
@@ -449,7 +460,8 @@ def compile_layout(layout: RecordType, name: str, order: str = "<") -> SizedDeco
     else:
         many = eval(f"lambda payloads: [{expr} for t in _map(_unpack, payloads)]", env)
         rows = eval(f"lambda rows: [{expr} for t in rows]", env)
-    return SizedDecoder(name, packed, build, many, build_rows=rows, layout=layout)
+    return SizedDecoder(name, packed, build, many, build_rows=rows, row_class=record,
+                        layout=layout)
 
 
 # --- struct formats ----------------------------------------------------------------------
@@ -469,7 +481,7 @@ def from_struct(fmt: struct.Struct | str, names: str | list[str] | None = None) 
     record = record_class("Record", tuple(python_names(fields)))
     return SizedDecoder(
         label, packed, record, build_rows=lambda rows: list(map(record, rows)),
-        layout=_layout_or_none(packed, fields),
+        row_class=record, layout=_layout_or_none(packed, fields),
     )
 
 

@@ -523,6 +523,12 @@ class Reader:
                 return [held.popleft() for _ in range(max_items)]
             out = list(held)
             held.clear()
+        self._build(out, max_items)
+        return out
+
+    def _build(self, out: list[Any], max_items: int) -> None:
+        """Build events from the front of the queue into ``out`` until it holds
+        ``max_items`` (``take()``'s list, or ``fill()``'s empty front queue itself)."""
         self._before_taking()
         pop = self.pop
         builder = self.builder
@@ -538,16 +544,20 @@ class Reader:
                 builder.payloads(piece.key, piece.payloads, piece.uniform, out)
             else:
                 out.append(piece)
-        return out
 
     def fill(self, max_items: int) -> bool:
         """Take a batch into the front queue if it is empty (then ``next_event()`` serves
         it); whether the front has events."""
         held = self.held
         if not held:
-            # In front: taking may have left events behind it (a columnar
-            # consumer's arrays, turned back into events).
-            held.extendleft(reversed(self.take(max_items)))
+            if self.held_arrays:
+                # In front: taking may leave events behind it (a columnar
+                # consumer's arrays, turned back into events).
+                held.extendleft(reversed(self.take(max_items)))
+            else:
+                # Built straight into the front queue: no batch list in between. (A
+                # deque has the list methods building uses; it stays empty until then.)
+                self._build(held, max_items)  # type: ignore[arg-type]
         return bool(held)
 
     def _before_taking(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import operator
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -46,11 +46,14 @@ class Run(NamedTuple):
 
     def payloads(self, first: int = 0, stop: int | None = None) -> list[bytes]:
         """The payloads of records ``first`` to ``stop``, each a ``bytes`` of its own."""
-        stop = self.count if stop is None else stop
+        return list(self.each_payload(first, self.count if stop is None else stop))
+
+    def each_payload(self, first: int, stop: int) -> Iterator[bytes]:
+        """``payloads(first, stop)`` one at a time, for a consumer that zips them with
+        other columns (no list in between)."""
         at = self.start + first * self.stride
         view = memoryview(self.span)[at : at + (stop - first) * self.stride]
-        cut = _payload_struct(self.stride, self.skip, self.size)
-        return list(map(_first, cut.iter_unpack(view)))
+        return map(_first, _payload_struct(self.stride, self.skip, self.size).iter_unpack(view))
 
 
 _first = operator.itemgetter(0)

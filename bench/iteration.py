@@ -3,6 +3,11 @@ generator doing the same steps (what ``async for`` used on asyncio before 2026-1
 
     .venv/bin/python bench/iteration.py                 # asyncio and uvloop, 10 rounds
     .venv/bin/python bench/iteration.py --events 100000 --rounds 4 --loop asyncio
+    .venv/bin/python bench/iteration.py --decoded --loop asyncio --loop trio
+
+``--decoded`` writes 32-byte samples and decodes them into records (``from_struct`` with
+names: the record path a BTF struct of four u64 takes, as the getpid benchmark's), and adds
+``batches()`` as a third way: the cost of building the events without a per-item step.
 
 No root and no kernel: the samples come from ``aperf.testing.FakeRingSource`` (16-byte
 samples, no decoder), written before each round, so only the consumer's per-event
@@ -18,13 +23,14 @@ import asyncio
 import statistics
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aperf
 from aperf.testing import FakeRingSource
 
 SAMPLE = struct.Struct("<QQ")
+DECODED = struct.Struct("<QQQQ")  # bench_sample32's layout: seq, ts, pid_tgid, cpu
 BATCH = 256  # the stream's own batch (aperf._reader.DEFAULT_BATCH)
 
 
@@ -46,16 +52,24 @@ async def generator(stream: aperf.PerfStream[Any]) -> AsyncIterator[Any]:
         yield event
 
 
-async def one_round(events: int, way: str) -> float:
+async def one_round(events: int, way: str, decoded: bool = False) -> float:
     """Seconds per event to iterate ``events`` queued samples one way."""
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 26)
-    async with aperf.PerfStream(src, wakeup=aperf.Wakeup.every(1 << 30, max_latency=60)) as stream:
+    decoder = aperf.decoders.from_struct(DECODED, "seq ts pid_tgid cpu") if decoded else None
+    async with aperf.PerfStream(src, decoder=decoder,
+                                wakeup=aperf.Wakeup.every(1 << 30, max_latency=60)) as stream:
         for i in range(events):
-            src.write(0, SAMPLE.pack(i, 0))
+            src.write(0, DECODED.pack(i, i, 7 << 32 | 7, 0) if decoded else SAMPLE.pack(i, 0))
         stream.flush()
-        iterator = aiter(stream) if way == "class" else generator(stream)
         seen = 0
         started = time.thread_time()
+        if way == "batches":
+            async for batch in stream.batches():
+                seen += len(batch)
+                if seen >= events:
+                    break
+            return (time.thread_time() - started) / events
+        iterator = aiter(stream) if way == "class" else generator(stream)
         async for _ in iterator:
             seen += 1
             if seen == events:
@@ -66,17 +80,23 @@ async def one_round(events: int, way: str) -> float:
     return elapsed / events
 
 
-def run(loop: str, events: int, rounds: int) -> dict[str, list[float]]:
-    runner: Callable[[Any], Any] = asyncio.run
-    if loop == "uvloop":
-        import uvloop
+def run(loop: str, events: int, rounds: int, ways: tuple[str, ...],
+        decoded: bool) -> dict[str, list[float]]:
+    def runner(way: str) -> float:
+        if loop == "trio":
+            import trio
 
-        runner = uvloop.run
-    times: dict[str, list[float]] = {"class": [], "generator": []}
+            return trio.run(one_round, events, way, decoded)  # type: ignore[no-any-return]
+        if loop == "uvloop":
+            import uvloop
+
+            return uvloop.run(one_round(events, way, decoded))
+        return asyncio.run(one_round(events, way, decoded))
+
+    times: dict[str, list[float]] = {way: [] for way in ways}
     for r in range(rounds):
-        order = ("class", "generator") if r % 2 == 0 else ("generator", "class")
-        for way in order:
-            times[way].append(runner(one_round(events, way)))
+        for way in ways if r % 2 == 0 else ways[::-1]:
+            times[way].append(runner(way))
     return times
 
 
@@ -85,14 +105,18 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--loop", action="append", choices=["asyncio", "uvloop"])
+    parser.add_argument("--loop", action="append", choices=["asyncio", "uvloop", "trio"])
+    parser.add_argument("--decoded", action="store_true",
+                        help="32-byte samples decoded into records; batches() as a third way")
     args = parser.parse_args()
-    print(f"{args.events} queued 16-byte samples per round, {args.rounds} rounds, median "
+    ways = ("class", "generator", "batches") if args.decoded else ("class", "generator")
+    what = "32-byte samples decoded into records" if args.decoded else "16-byte samples"
+    print(f"{args.events} queued {what} per round, {args.rounds} rounds, median "
           "(min-max) ns per event")
     for loop in args.loop or ["asyncio", "uvloop"]:
-        times = run(loop, args.events, args.rounds)
+        times = run(loop, args.events, args.rounds, ways, args.decoded)
         cells = []
-        for way in ("class", "generator"):
+        for way in ways:
             ns = [t * 1e9 for t in times[way]]
             cells.append(f"{way} {statistics.median(ns):.0f} ({min(ns):.0f}-{max(ns):.0f})")
         ratio = statistics.median(times["class"]) / statistics.median(times["generator"])

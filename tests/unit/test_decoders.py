@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import pickle
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -211,3 +212,31 @@ def test_struct_format_dtypes_read_what_struct_unpacks(fmt: str) -> None:
     # "s" is bytes, like any 1-byte array: a uint8 column (numpy's "S" would drop NULs).
     values = tuple(bytes(v) if isinstance(v, np.ndarray) else v for v in row.tolist())
     assert values == packed.unpack(data)
+
+
+class Flat(c.Structure):
+    _fields_ = (("seq", c.c_uint64), ("ts", c.c_uint64), ("pid", c.c_uint32),
+                ("cpu", c.c_uint32))
+
+
+class Named(c.Structure):
+    _fields_ = (("seq", c.c_uint64), ("comm", c.c_char * 8))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: aperf.decoders.from_ctypes(Flat),  # a record made straight from the row
+    lambda: aperf.decoders.from_ctypes(Named),  # a record with a string: generated code
+    lambda: aperf.decoders.from_struct("<QQII", "seq ts pid cpu"),
+    lambda: aperf.decoders.from_struct("<QQII"),  # plain tuples
+], ids=["straight", "generated", "struct-named", "struct-plain"])
+def test_each_row_gives_what_decode_rows_gives(make: Any) -> None:
+    # The builder takes values one at a time from each_row(): the same values, types,
+    # reprs and pickles as decode_rows() and as decoding each sample.
+    decoder = make()
+    rows = [bytes([i]) * decoder.size for i in range(1, 6)]
+    unpacked = [decoder.struct.unpack(r) for r in rows]
+    each = list(decoder.each_row(iter(unpacked)))
+    assert each == decoder.decode_rows(unpacked) == [decoder(r) for r in rows]
+    assert [type(v) for v in each] == [type(decoder(r)) for r in rows]
+    assert [repr(v) for v in each] == [repr(decoder(r)) for r in rows]
+    assert [pickle.loads(pickle.dumps(v)) for v in each] == each

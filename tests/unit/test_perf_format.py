@@ -133,3 +133,14 @@ def test_wakeup_policies_validate() -> None:
         aperf.Wakeup.watermark(4096, max_latency=0.01, idle_latency=0.001)
     with pytest.raises(ValueError):
         aperf.Wakeup.every(0)
+
+
+def test_each_payload_is_payloads_one_at_a_time() -> None:
+    # The builder zips a run's payloads without a list; they must be the same bytes.
+    span = b"".join(encode_sample(struct.pack("<QQ", i, ~i & 0xFFFF)) for i in range(7))
+    (run,), _ = split_span(0, span)
+    assert isinstance(run, Run)
+    for first, stop in ((0, 7), (2, 5), (6, 7), (3, 3)):
+        each = list(run.each_payload(first, stop))
+        assert each == run.payloads(first, stop)
+        assert all(type(p) is bytes for p in each)

@@ -275,3 +275,52 @@ def test_handlers_must_be_callable() -> None:
         Handlers(print, on_lost=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="on_sample must be callable"):
         Handlers("print")  # type: ignore[arg-type]
+
+
+def drain_events(reader: Reader, how: str, batch: int) -> list[Any]:
+    """Every event, taken the way ``batches()`` does (take) or ``async for`` does (fill,
+    then one at a time); a DecodeError (policy "raise") as itself, in its place."""
+    out: list[Any] = []
+    while True:
+        try:
+            if how == "take":
+                got = reader.take(batch)
+                if not got:
+                    return out
+                out.extend(got)
+                continue
+            if not reader.fill(batch):
+                return out
+            while True:
+                try:
+                    out.append(reader.next_event())
+                except IndexError:
+                    break
+        except aperf.DecodeError as exc:
+            out.append(exc)
+
+
+@pytest.mark.parametrize("policy", ["item", "skip", "raise"])
+@pytest.mark.parametrize("batch", [1, 3, 256])
+def test_fill_builds_the_front_queue_as_take_builds_batches(policy: str, batch: int) -> None:
+    # fill() builds straight into the front queue: the same events in the same order as
+    # take(), across runs, lost notices, a ring of odd sizes and decode failures.
+    def ring_events(how: str) -> list[Any]:
+        reader, src, _ = make(cpus=[0, 1], ring_bytes=1024, decoder=bad_decoder,
+                              decode_errors=policy)
+        for i in range(60):  # ring 0 overflows: a run, the drops, then a run again
+            src.write(0, Q.pack(i))
+        for i in range(10):  # ring 1: samples of two sizes
+            src.write(1, Q.pack(i) + b"x" * (i % 2) * 8)
+        reader.flush()
+        for i in range(60, 70):
+            src.write(0, Q.pack(i))
+        reader.flush()
+        return [(type(e).__name__, getattr(e, "cpu", None),
+                 e.count if isinstance(e, aperf.Lost) else getattr(e, "value", None),
+                 str(e) if isinstance(e, Exception) else "")
+                for e in drain_events(reader, how, batch)]
+
+    taken, filled = ring_events("take"), ring_events("fill")
+    assert filled == taken
+    assert {kind for kind, *_ in taken} >= {"Sample", "Lost"}
