@@ -24,6 +24,7 @@ from ._build import EventBuilder, Payloads, RunPiece
 from ._decode import SizedDecoder
 from ._events import BadSample, Event, Lost, Sample, SampleArray, Tails
 from ._layout import byte_order, dtype_spec
+from ._order import _Gathered
 from ._perf_format import PerfRecords, split_span, uniform_run_end
 from ._source import Run, Segment
 
@@ -225,7 +226,10 @@ class Columns:
                 events.append(item)
                 continue
             source = item._source
-            if isinstance(source, Run):
+            if isinstance(source, _Gathered):  # rows merged by an ordered stream
+                for cpu, data in source.payloads():
+                    builder.payloads(cpu, [data], False, events)
+            elif isinstance(source, Run):
                 builder.run(item.cpu, source, 0, source.count, events)
             else:
                 builder.payloads(item.cpu, source, False, events)

@@ -169,6 +169,7 @@ class CpuStatistics:
     backlog_bytes: int = 0
     high_water: float = 0.0
     queue_lost: int = 0
+    late: int = 0  # samples an ordered stream delivered late (docs/ordering.md)
 
     @property
     def ring_lost(self) -> int:
@@ -235,6 +236,11 @@ class StreamStatistics:
         return sum(c.queue_lost for c in self.cpus)
 
     @property
+    def late(self) -> int:
+        """Samples an ordered stream (``order_by=``) delivered late, all CPUs."""
+        return sum(c.late for c in self.cpus)
+
+    @property
     def ring_lost(self) -> int:
         """The other drops, all CPUs: ``lost == queue_lost + ring_lost``."""
         return sum(c.ring_lost for c in self.cpus)
@@ -250,9 +256,15 @@ class SampleArray:
     copy. ``tails``, for a struct ending in a flexible array member, holds each
     sample's bytes after the fixed part; otherwise None. ``len()`` is the
     number of samples. See docs/columnar.md.
+
+    From an ordered stream (``order_by=``, docs/ordering.md) an array holds the rows
+    of one release, sorted, from any rings: ``cpu`` is -1 when they come from
+    several, and ``cpus`` then gives each row's (a NumPy array; None otherwise).
+    ``late`` is True for an array of late rows: received after later ones had been
+    released (counted in ``statistics().late``).
     """
 
-    __slots__ = ("_source", "cpu", "tails", "values")
+    __slots__ = ("_source", "cpu", "cpus", "late", "tails", "values")
     __match_args__ = ("cpu", "values", "tails")
 
     def __init__(self, cpu: int, values: Any, tails: Tails | None = None, *,
@@ -261,12 +273,15 @@ class SampleArray:
         self.values = values
         self.tails = tails
         self._source = _source  # the raw records, to rebuild Sample events from
+        self.cpus: Any = None  # per-row ring keys, for rows of several rings (ordered)
+        self.late = False
 
     def __len__(self) -> int:
         return len(self.values)
 
     def __repr__(self) -> str:
         tails = ", tails" if self.tails is not None else ""
+        tails += ", late" if self.late else ""
         return f"<SampleArray cpu={self.cpu} {len(self)} samples{tails} dtype={self.values.dtype}>"
 
 

@@ -33,6 +33,7 @@ from ._options import (
     resolve_wakeup,
     ring_data_bytes,
 )
+from ._order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from ._perf_source import PerfEventArraySource, check_layout
 from ._reader import Reader
 from ._ringbuf_source import RingBufferSource
@@ -151,6 +152,9 @@ class ReaderOptions:
     map_keys: tuple[int, ...] | None = None
     memory_bytes: int | None = None
     overwritable: bool = False
+    order_by: OrderKey | None = None
+    order_field: str | None = None
+    lateness: float = DEFAULT_LATENESS
 
     @classmethod
     def check(
@@ -168,6 +172,8 @@ class ReaderOptions:
         memory_bytes: int | None = None,
         take_over: bool = False,
         overwritable: bool = False,
+        order_by: str | Callable[[Any], Any] | None = None,
+        lateness: float = DEFAULT_LATENESS,
     ) -> ReaderOptions:
         ring_source = resolve_source(source)
         if take_over is not False:
@@ -198,17 +204,23 @@ class ReaderOptions:
                 )
         if budget is not None and cpu_ids is not None:
             budget_ring_bytes(budget, len(cpu_ids))  # the ring count is known: check now
+        resolved = resolve_decoder(decoder, ring_source)
+        order_key = check_order_by(order_by, resolved)
+        lateness = check_lateness(lateness)
         return cls(
             source=ring_source,
             ring_bytes=ring_data_bytes(pages, ring_bytes),
             wakeup=resolve_wakeup(wakeup),
-            decoder=resolve_decoder(decoder, ring_source),
+            decoder=resolved,
             max_pending=check_max_pending(max_pending),
             decode_errors=check_decode_errors(decode_errors),
             cpus=cpu_ids,
             map_keys=keys,
             memory_bytes=budget,
             overwritable=overwritable,
+            order_by=order_key,
+            order_field=order_by if isinstance(order_by, str) else None,
+            lateness=lateness,
         )
 
     def open(self, clock: Clock) -> Reader:
@@ -229,8 +241,18 @@ class ReaderOptions:
                 decoder=self.decoder,
                 decode_errors=self.decode_errors,
                 max_pending=self.max_pending,
+                order_by=self.order_by,
+                order_field=self.order_field,
+                lateness=self.lateness,
             )
         except BaseException:
             source.free()
             raise
 
+
+
+def check_arrays_order(options: ReaderOptions) -> None:
+    """Arrays are ordered by a field of their rows, not by a key function of samples."""
+    if options.order_by is not None and options.order_field is None:
+        raise TypeError("order_by=: arrays are ordered by a field name (order_by=\"ts\"); a "
+                        "callable key(sample) orders events, not arrays")

@@ -1,0 +1,528 @@
+"""Events in time order across rings, with bounded lateness (sans I/O).
+
+Per-CPU rings each keep their own order; a consumer reading them one after
+another sees CPU 0's burst, then CPU 1's, out of time order (bcc #5047,
+tracee #1113). An ``Orderer`` holds built events and releases them sorted by a
+key (a timestamp field of the decoded value) once no ring can still bring an
+earlier one:
+
+- each ring's *watermark* is the key of the last sample it gave (a ring is in
+  order); a ring seen empty at its latest look is *idle* and holds nobody back;
+- the release point ``W`` is the lowest watermark of the rings that are not
+  idle (everything, when all are);
+- an event held ``lateness`` seconds is released whatever the rings say (an
+  added batch that expired raises ``W`` to its largest key);
+- an event whose key is below one already released is *late*: released at
+  once, flagged (``Sample.late``) and counted, never dropped.
+
+Batches, not a heap: held events and a new batch are concatenated and sorted
+with ``list.sort`` (timsort merges the already-sorted runs, each ring's, at C
+speed) and cut at ``W`` with ``bisect``. The columnar twin (``ArrayOrderer``)
+does the same with NumPy (``argsort(kind="stable")``, ``searchsorted``).
+"""
+
+from __future__ import annotations
+
+import operator
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from ._errors import ArgumentError
+from ._events import BadSample, Lost, Sample, SampleArray, Tails, tagged
+
+if TYPE_CHECKING:
+    from ._build import Decoder
+
+DEFAULT_LATENESS = 0.1
+"""Seconds an event is held at most for ordering: tracee's choice (100 ms)."""
+
+OrderKey = Callable[[Any], Any]
+NEG = float("-inf")
+POS = float("inf")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+
+
+def check_lateness(lateness: object) -> float:
+    """``lateness=``: seconds, a number above 0."""
+    if isinstance(lateness, bool) or not isinstance(lateness, int | float) or not (
+        0 < lateness < POS
+    ):
+        raise ValueError(f"lateness must be a number of seconds above 0, not {lateness!r}")
+    return float(lateness)
+
+
+def _layout_fields(decoder: Decoder | None) -> list[str] | None:
+    """The field names of a decoder with a layout (None: not knowable)."""
+    layout = getattr(decoder, "layout", None)
+    if layout is None:
+        return None
+    from ._layout import record_fields
+
+    return [name for name, _, _ in record_fields(layout)]
+
+
+def check_order_by(order_by: object, decoder: Decoder | None) -> OrderKey | None:
+    """``order_by=``: None, a field of the decoded value (dotted for nested structs), or a
+    callable ``key(sample)``. The key function on samples, checked now."""
+    if order_by is None:
+        return None
+    if isinstance(order_by, str):
+        if decoder is None:
+            raise ArgumentError(
+                "order_by", f"order_by={order_by!r} names a field of the decoded value: it "
+                "needs a decoder= (or give a callable key(sample))"
+            )
+        parts = order_by.split(".")
+        if not all(part.isidentifier() for part in parts):
+            raise ValueError(f"order_by={order_by!r} is not a field name (or dotted names)")
+        fields = _layout_fields(decoder)
+        if fields is not None and parts[0] not in fields:
+            raise ValueError(
+                f"order_by={order_by!r}: the decoder's records have no field {parts[0]!r} "
+                f"(fields: {', '.join(fields)})"
+            )
+        return operator.attrgetter("value." + order_by)
+    if callable(order_by):
+        return order_by
+    raise TypeError(
+        f"order_by must be None, a field name or a callable key(sample), not "
+        f"{type(order_by).__name__}"
+    )
+
+
+def late_event(event: Any) -> Any:
+    """The same event, flagged late (its map tag kept)."""
+    kind = type(event)
+    tag = kind.map if hasattr(kind, "_untagged") else None  # a plain event's map is a property
+    return tuple.__new__(tagged(cast(Any, kind), tag, True), event)
+
+
+class _Rings:
+    """What the orderer knows of each ring: its watermark, whether it was idle."""
+
+    __slots__ = ("_checked", "batches", "empty", "last", "late", "lateness", "period",
+                 "released")
+
+    def __init__(self, lateness: float, period: float | None) -> None:
+        self.lateness = lateness
+        self.period = lateness / 4 if period is None else min(period, lateness / 4)
+        self.last: dict[Any, Any] = {}  # ring key -> key of its last sample
+        self.empty: dict[Any, bool] = {}  # ring key -> seen empty at its latest look
+        self.late: dict[Any, int] = {}  # ring key -> late samples
+        self.released: Any = NEG  # the largest key released so far
+        # (arrival time, largest key) of each added batch still (maybe) held
+        self.batches: deque[tuple[float, Any]] = deque()
+        self._checked = 0.0
+
+    def checked(self, now: float) -> None:
+        """A tick looked for releasable events at ``now``."""
+        self._checked = now
+
+    def looked(self, ring: Any, empty: bool) -> None:
+        """A drain just looked at ``ring`` (``empty``: it held nothing)."""
+        self.empty[ring] = empty
+
+    def rings_watermark(self) -> Any:
+        """The lowest watermark of the rings not seen idle (POS: every ring is)."""
+        last = self.last
+        w: Any = POS
+        for ring, empty in self.empty.items():
+            # A ring not seen empty (or not looked at: held back by a full queue) holds
+            # the others at its last sample; one that never gave a sample, at all.
+            if not empty and last.get(ring, NEG) < w:
+                w = last.get(ring, NEG)
+        return w
+
+    def watermark(self, now: float) -> Any:
+        """The key up to which events can be released now: the rings' watermark, raised
+        to the largest key of every batch held ``lateness`` or more."""
+        self._checked = now
+        w = self.rings_watermark()
+        batches, expire = self.batches, now - self.lateness
+        while batches and batches[0][0] <= expire:
+            top = batches.popleft()[1]
+            if top > w:
+                w = top
+        return w
+
+    def expired_top(self, now: float) -> Any:
+        """The largest key of the batches held ``lateness`` or more (NEG: none)."""
+        top: Any = NEG
+        for arrived, key in self.batches:
+            if arrived > now - self.lateness:
+                break
+            if key > top:
+                top = key
+        return top
+
+    @property
+    def count(self) -> int:
+        """Events held."""
+        raise NotImplementedError
+
+    def deadline(self) -> float | None:
+        """When a look is due for held events (None: nothing held)."""
+        if not self.count:
+            self.batches.clear()
+            return None
+        at = self._checked + self.period
+        if self.batches:
+            at = min(at, self.batches[0][0] + self.lateness)
+        return at
+
+
+class Orderer(_Rings):
+    """Holds built events; releases them in key order (see the module)."""
+
+    __slots__ = ("_held", "_late_held", "_sorted", "error", "key")
+
+    def __init__(self, key: OrderKey, lateness: float, period: float | None = None) -> None:
+        super().__init__(lateness, period)
+        self.key = key
+        self._held: list[tuple[Any, Any]] = []  # (key, event), sorted after each release
+        self._late_held: list[tuple[Any, Any]] = []
+        self._sorted = True
+        self.error: Exception | None = None  # a key that failed, raised after adding
+
+    @property
+    def count(self) -> int:
+        """Events held."""
+        return len(self._held) + len(self._late_held)
+
+    def add(self, ring: Any, events: list[Any], now: float) -> None:
+        """A batch of one ring's events, in ring order."""
+        if not events:
+            return
+        kinds = set(map(type, events))
+        keys: list[Any]
+        if all(issubclass(kind, Sample) for kind in kinds):
+            try:
+                keys = list(map(self.key, events))
+            except Exception:
+                keys = self._keys(ring, events)
+        else:
+            keys = self._keys(ring, events)
+        last = self.last.get(ring, NEG)
+        for key, event in zip(reversed(keys), reversed(events), strict=True):
+            if not isinstance(event, Lost | BadSample):
+                last = key
+                break
+        self.last[ring] = last
+        top = max(keys)
+        if min(keys) < self.released:
+            self._split_late(ring, keys, events)
+        else:
+            self._held.extend(zip(keys, events, strict=True))
+        self._sorted = False
+        self.batches.append((now, top))
+
+    def _keys(self, ring: Any, events: list[Any]) -> list[Any]:
+        """Keys one by one: a lost notice or bad sample takes its ring's previous key."""
+        prev = self.last.get(ring, NEG)
+        key = self.key
+        keys = []
+        for event in events:
+            if not isinstance(event, Lost | BadSample):
+                try:
+                    prev = key(event)
+                except Exception as exc:
+                    if self.error is None:
+                        self.error = ArgumentError(
+                            "order_by", f"order_by: no ordering key in sample {event!r} ({exc})"
+                        )
+            keys.append(prev)
+        return keys
+
+    def _split_late(self, ring: Any, keys: list[Any], events: list[Any]) -> None:
+        released, held, late = self.released, self._held, self._late_held
+        count = 0
+        for key, event in zip(keys, events, strict=True):
+            if key < released:
+                if not isinstance(event, Lost):
+                    event = late_event(event)
+                    count += 1
+                late.append((key, event))
+            else:
+                held.append((key, event))
+        if count:
+            self.late[ring] = self.late.get(ring, 0) + count
+
+    def take_error(self) -> Exception | None:
+        error, self.error = self.error, None
+        return error
+
+    def release(self, now: float, everything: bool = False) -> list[Any]:
+        """The events that can go now, in order: late ones first."""
+        out: list[Any] = []
+        if self._late_held:
+            late = self._late_held
+            late.sort(key=_FIRST)
+            out.extend(map(_SECOND, late))
+            late.clear()
+        held = self._held
+        if not held:
+            self._checked = now
+            return out
+        if not self._sorted:
+            held.sort(key=_FIRST)
+            self._sorted = True
+        w = POS if everything else self.watermark(now)
+        cut = len(held) if w is POS else bisect_right(held, w, key=_FIRST)
+        if cut:
+            if held[cut - 1][0] > self.released:
+                self.released = held[cut - 1][0]
+            out.extend(map(_SECOND, held[:cut]))
+            del held[:cut]
+        return out
+
+    def releasable(self, now: float) -> bool:
+        """Whether a release now would hand anything out (looking at what is known)."""
+        if self._late_held:
+            return True
+        held = self._held
+        if not held:
+            return False
+        lowest = min(held, key=_FIRST)[0] if not self._sorted else held[0][0]
+        if lowest <= self.expired_top(now):
+            return True
+        return bool(lowest <= self.rings_watermark())
+
+# --- the columnar twin ---------------------------------------------------------------------
+
+
+class _Rows:
+    """Rows held for ordering, compact: one raw record each in ``blob``."""
+
+    __slots__ = ("blob", "cpus", "keys", "lengths", "starts")
+
+    def __init__(self, keys: Any, cpus: Any, blob: Any, starts: Any, lengths: Any) -> None:
+        self.keys = keys
+        self.cpus = cpus
+        self.blob = blob  # uint8 array
+        self.starts = starts
+        self.lengths = lengths
+
+
+def _gather(np: Any, blob: Any, starts: Any, lengths: Any) -> tuple[Any, Any]:
+    """The byte ranges ``blob[starts[i]:starts[i]+lengths[i]]``, packed one after another:
+    (packed bytes as uint8, their new starts), at C speed."""
+    total = int(lengths.sum())
+    new_starts = np.cumsum(lengths) - lengths
+    if not total:
+        return np.zeros(0, np.uint8), new_starts
+    if len(lengths) and lengths.min() == lengths.max():
+        size = int(lengths[0])
+        index = starts[:, None] + np.arange(size, dtype=np.int64)
+        return blob[index].reshape(-1), new_starts
+    index = np.repeat(starts - new_starts, lengths) + np.arange(total, dtype=np.int64)
+    return blob[index], new_starts
+
+
+class ArrayOrderer(_Rings):
+    """``Orderer`` for columnar consumers: rows of ``SampleArray`` items, merged with NumPy.
+
+    Released rows come out as one ``SampleArray`` per release (``cpu`` -1 when its
+    rows come from several rings; ``cpus`` says each row's), late rows as their own
+    ``SampleArray`` with ``late`` True, before it. Lost notices and bad samples take
+    their ring's previous key and split the released rows where they fall.
+    """
+
+    __slots__ = ("_items", "_rows", "columns", "field", "max_rows", "np")
+
+    def __init__(self, field: str, lateness: float, columns: Any,
+                 period: float | None = None) -> None:
+        super().__init__(lateness, period)
+        import numpy as np
+
+        self.np = np
+        self.field = field.split(".")
+        self.columns = columns
+        self._rows: _Rows | None = None
+        self._items: list[tuple[Any, Any]] = []  # (key, Lost or BadSample), in arrival order
+        self.max_rows: int | None = None  # the most rows in one released array
+
+    @property
+    def count(self) -> int:
+        return (0 if self._rows is None else len(self._rows.keys)) + len(self._items)
+
+    def _column(self, values: Any) -> Any:
+        for part in self.field:
+            values = values[part]
+        return values
+
+    def _raw(self, array: SampleArray) -> tuple[Any, Any, Any]:
+        """(blob as uint8, starts, lengths) of an array's raw records."""
+        np = self.np
+        source = array._source
+        if isinstance(source, _Gathered):
+            return source.blob, source.starts, source.lengths
+        if isinstance(source, list):  # payloads
+            lengths = np.fromiter(map(len, source), np.int64, len(source))
+            return (np.frombuffer(b"".join(source), np.uint8), np.cumsum(lengths) - lengths,
+                    lengths)
+        run = source  # a Run
+        starts = run.start + run.skip + np.arange(run.count, dtype=np.int64) * run.stride
+        return (np.frombuffer(run.span, np.uint8), starts,
+                np.full(run.count, run.size, dtype=np.int64))
+
+    def add_items(self, ring: Any, items: Sequence[Any], now: float) -> None:
+        """One ring's pieces (``SampleArray``, ``Lost``, ``BadSample``), in ring order."""
+        np = self.np
+        parts: list[_Rows] = [] if self._rows is None else [self._rows]
+        last = self.last.get(ring, NEG)
+        top: Any = NEG
+        for item in items:
+            if item.__class__ is SampleArray:
+                if not len(item):
+                    continue
+                keys = np.asarray(self._column(item.values))
+                blob, starts, lengths = self._raw(item)
+                cpus = item.cpus if item.cpus is not None else np.full(
+                    len(keys), item.cpu, dtype=np.int64)
+                parts.append(_Rows(keys, cpus, blob, starts, lengths))
+                last = keys[-1].item()
+                top = max(top, keys.max().item())
+            else:
+                self._items.append((last, item))
+        self.last[ring] = last
+        if len(parts) > (self._rows is not None):
+            self._rows = self._merge(parts)
+        self.batches.append((now, top))
+
+    def _merge(self, parts: list[_Rows]) -> _Rows:
+        np = self.np
+        if len(parts) == 1 and isinstance(parts[0].blob, np.ndarray) and parts[0].blob.size == int(
+                parts[0].lengths.sum()):
+            return parts[0]
+        blobs, starts = [], []
+        offset = 0
+        for part in parts:
+            packed, new_starts = _gather(np, part.blob, part.starts, part.lengths)
+            blobs.append(packed)
+            starts.append(new_starts + offset)
+            offset += packed.size
+        return _Rows(np.concatenate([p.keys for p in parts]),
+                     np.concatenate([p.cpus for p in parts]), np.concatenate(blobs),
+                     np.concatenate(starts), np.concatenate([p.lengths for p in parts]))
+
+    def _pick(self, rows: _Rows, index: Any) -> _Rows:
+        packed, starts = _gather(self.np, rows.blob, rows.starts[index], rows.lengths[index])
+        return _Rows(rows.keys[index], rows.cpus[index], packed, starts, rows.lengths[index])
+
+    def _arrays(self, rows: _Rows, late: bool, out: list[Any]) -> None:
+        """Released rows as arrays of at most ``max_rows`` rows each."""
+        step = self.max_rows
+        count = len(rows.keys)
+        if not step or count <= step:
+            out.append(self._array(rows, late))
+            return
+        for at in range(0, count, step):
+            out.append(self._array(self._pick(rows, self.np.arange(at, min(count, at + step))),
+                                   late))
+
+    def _array(self, rows: _Rows, late: bool) -> SampleArray:
+        np = self.np
+        columns = self.columns
+        size = columns.size
+        data = rows.blob.tobytes()
+        if len(rows.lengths) and rows.lengths.min() == rows.lengths.max():
+            stride = int(rows.lengths[0])
+            values = np.frombuffer(data, columns.strided_dtype(stride, 0), len(rows.keys), 0)
+        else:
+            index = rows.starts[:, None] + np.arange(size, dtype=np.int64)
+            values = np.frombuffer(data, np.uint8)[index].view(columns.dtype)[:, 0]
+            values.flags.writeable = False
+        tails = (Tails(data, rows.starts + size, rows.starts + rows.lengths)
+                 if columns.has_tail else None)
+        cpus = rows.cpus
+        one = len(cpus) and bool((cpus == cpus[0]).all())
+        array = SampleArray(int(cpus[0]) if one else -1, values, tails,
+                            _source=_Gathered(np.frombuffer(data, np.uint8), rows.starts,
+                                              rows.lengths, cpus))
+        array.cpus = None if one else cpus
+        array.late = late
+        return array
+
+    def release(self, now: float, everything: bool = False) -> list[Any]:
+        np = self.np
+        rows = self._rows
+        out: list[Any] = []
+        w: Any = POS if everything else self.watermark(now)
+        if rows is not None:
+            order = np.argsort(rows.keys, kind="stable")
+            keys = rows.keys[order]
+            released = self.released
+            late_n = 0 if released is NEG else int(np.searchsorted(keys, released, "left"))
+            if w is POS:
+                cut = len(keys)
+            elif w is NEG:
+                cut = 0
+            else:
+                cut = int(np.searchsorted(keys, w, "right"))
+            cut = max(cut, late_n)
+            if late_n:
+                late_rows = self._pick(rows, order[:late_n])
+                for ring, n in zip(*np.unique(late_rows.cpus, return_counts=True), strict=True):
+                    self.late[int(ring)] = self.late.get(int(ring), 0) + int(n)
+                self._arrays(late_rows, True, out)
+            if cut > late_n:
+                picked = order[late_n:cut]
+                self._release_rows(self._pick(rows, picked), w, out)
+                top = keys[cut - 1].item()
+                if top > self.released:
+                    self.released = top
+            self._rows = self._pick(rows, order[cut:]) if cut < len(keys) else None
+        self._release_items(w, out)
+        return out
+
+    def _release_rows(self, rows: _Rows, w: Any, out: list[Any]) -> None:
+        """Released rows, split where a releasable lost notice or bad sample falls."""
+        items = [(k, i) for k, i in self._items if k <= w]
+        if not items:
+            self._arrays(rows, False, out)
+            return
+        self._items = [(k, i) for k, i in self._items if k > w]
+        start = 0
+        for key, item in items:
+            at = int(self.np.searchsorted(rows.keys, key, "right")) if key is not NEG else 0
+            if at > start:
+                self._arrays(self._pick(rows, self.np.arange(start, at)), False, out)
+                start = at
+            out.append(item)
+        if start < len(rows.keys):
+            self._arrays(self._pick(rows, self.np.arange(start, len(rows.keys))), False, out)
+
+    def _release_items(self, w: Any, out: list[Any]) -> None:
+        if not self._items:
+            return
+        go = [i for k, i in self._items if k <= w]
+        self._items = [(k, i) for k, i in self._items if k > w]
+        out.extend(go)
+
+    def releasable(self, now: float) -> bool:
+        rows = self._rows
+        if rows is None:
+            return bool(self._items)
+        lowest = rows.keys.min().item()
+        if lowest < self.released or lowest <= self.expired_top(now):
+            return True
+        return bool(lowest <= self.rings_watermark())
+
+class _Gathered:
+    """The raw records of a merged ``SampleArray`` (to rebuild its events)."""
+
+    __slots__ = ("blob", "cpus", "lengths", "starts")
+
+    def __init__(self, blob: Any, starts: Any, lengths: Any, cpus: Any) -> None:
+        self.blob = blob
+        self.starts = starts
+        self.lengths = lengths
+        self.cpus = cpus
+
+    def payloads(self) -> list[tuple[int, bytes]]:
+        data = self.blob.tobytes()
+        return [(int(c), data[s : s + n]) for c, s, n in zip(
+            self.cpus.tolist(), self.starts.tolist(), self.lengths.tolist(), strict=True)]
