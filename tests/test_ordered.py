@@ -7,6 +7,7 @@ later ones were released is delivered, flagged late and counted."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -43,10 +44,10 @@ def emit_round(producer: Producer) -> None:
 
 def check_in_order(stamps: list[int], seqs: list[int], cpus: list[int], total: int) -> None:
     assert len(stamps) == total
-    assert all(a <= b for a, b in zip(stamps, stamps[1:], strict=False)), "out of time order"
+    assert all(a <= b for a, b in itertools.pairwise(stamps)), "out of time order"
     assert sorted(seqs) == list(range(total))  # every sample exactly once
     # Time order is not ring order here: the CPUs alternate within each batch read.
-    switches = sum(a != b for a, b in zip(cpus, cpus[1:], strict=False))
+    switches = sum(a != b for a, b in itertools.pairwise(cpus))
     assert switches >= 4 * ROUNDS - 1
 
 
