@@ -294,16 +294,30 @@ class Orderer(_Rings):
 
 
 class _Rows:
-    """Rows held for ordering, compact: one raw record each in ``blob``."""
+    """Rows held for ordering: records of one length as ``recs`` (a NumPy array of
+    ``V<length>`` items, moved whole), or of several, packed in ``blob``."""
 
-    __slots__ = ("blob", "cpus", "keys", "lengths", "starts")
+    __slots__ = ("blob", "cpus", "keys", "lengths", "origin", "recs", "starts")
 
-    def __init__(self, keys: Any, cpus: Any, blob: Any, starts: Any, lengths: Any) -> None:
+    def __init__(self, keys: Any, cpus: Any, blob: Any = None, starts: Any = None,
+                 lengths: Any = None, recs: Any = None) -> None:
+        self.origin: SampleArray | None = None  # the one array these rows are, unchanged
         self.keys = keys
         self.cpus = cpus
+        self.recs = recs
         self.blob = blob  # uint8 array
         self.starts = starts
         self.lengths = lengths
+
+    def packed(self, np: Any) -> _Rows:
+        """The same rows with their records in ``blob`` (for rows of several lengths)."""
+        if self.recs is None:
+            return self
+        recs = np.ascontiguousarray(self.recs)
+        size = recs.dtype.itemsize
+        count = len(recs)
+        return _Rows(self.keys, self.cpus, recs.view(np.uint8).reshape(-1),
+                     np.arange(count, dtype=np.int64) * size, np.full(count, size, np.int64))
 
 
 def _gather(np: Any, blob: Any, starts: Any, lengths: Any) -> tuple[Any, Any]:
@@ -353,20 +367,23 @@ class ArrayOrderer(_Rings):
             values = values[part]
         return values
 
-    def _raw(self, array: SampleArray) -> tuple[Any, Any, Any]:
-        """(blob as uint8, starts, lengths) of an array's raw records."""
+    def _raw(self, array: SampleArray, keys: Any, cpus: Any) -> _Rows:
+        """An array's raw records as rows: of one length, viewed in place as ``recs``."""
         np = self.np
         source = array._source
         if isinstance(source, _Gathered):
-            return source.blob, source.starts, source.lengths
+            return _Rows(keys, cpus, source.blob, source.starts, source.lengths, source.recs)
         if isinstance(source, list):  # payloads
             lengths = np.fromiter(map(len, source), np.int64, len(source))
-            return (np.frombuffer(b"".join(source), np.uint8), np.cumsum(lengths) - lengths,
-                    lengths)
-        run = source  # a Run
-        starts = run.start + run.skip + np.arange(run.count, dtype=np.int64) * run.stride
-        return (np.frombuffer(run.span, np.uint8), starts,
-                np.full(run.count, run.size, dtype=np.int64))
+            blob = b"".join(source)
+            if len(lengths) and lengths.min() == lengths.max():
+                return _Rows(keys, cpus, recs=np.frombuffer(blob, f"V{int(lengths[0])}"))
+            return _Rows(keys, cpus, np.frombuffer(blob, np.uint8),
+                         np.cumsum(lengths) - lengths, lengths)
+        run = source  # a Run: records at a stride in the copied span
+        dtype = np.dtype({"names": ["r"], "formats": [f"V{run.size}"], "offsets": [run.skip],
+                          "itemsize": run.stride})
+        return _Rows(keys, cpus, recs=np.frombuffer(run.span, dtype, run.count, run.start)["r"])
 
     def add_items(self, ring: Any, items: Sequence[Any], now: float) -> None:
         """One ring's pieces (``SampleArray``, ``Lost``, ``BadSample``), in ring order."""
@@ -379,10 +396,10 @@ class ArrayOrderer(_Rings):
                 if not len(item):
                     continue
                 keys = np.asarray(self._column(item.values))
-                blob, starts, lengths = self._raw(item)
                 cpus = item.cpus if item.cpus is not None else np.full(
                     len(keys), item.cpu, dtype=np.int64)
-                parts.append(_Rows(keys, cpus, blob, starts, lengths))
+                parts.append(self._raw(item, keys, cpus))
+                parts[-1].origin = item
                 last = keys[-1].item()
                 top = max(top, keys.max().item())
             else:
@@ -394,9 +411,15 @@ class ArrayOrderer(_Rings):
 
     def _merge(self, parts: list[_Rows]) -> _Rows:
         np = self.np
-        if len(parts) == 1 and isinstance(parts[0].blob, np.ndarray) and parts[0].blob.size == int(
-                parts[0].lengths.sum()):
+        if len(parts) == 1:
             return parts[0]
+        keys = np.concatenate([p.keys for p in parts])
+        cpus = np.concatenate([p.cpus for p in parts])
+        if len({None if p.recs is None else p.recs.dtype.itemsize for p in parts}) == 1 and (
+                parts[0].recs is not None):
+            # Records of one length: moved whole, at C speed.
+            return _Rows(keys, cpus, recs=np.concatenate([p.recs for p in parts]))
+        parts = [p.packed(np) for p in parts]
         blobs, starts = [], []
         offset = 0
         for part in parts:
@@ -404,11 +427,14 @@ class ArrayOrderer(_Rings):
             blobs.append(packed)
             starts.append(new_starts + offset)
             offset += packed.size
-        return _Rows(np.concatenate([p.keys for p in parts]),
-                     np.concatenate([p.cpus for p in parts]), np.concatenate(blobs),
-                     np.concatenate(starts), np.concatenate([p.lengths for p in parts]))
+        return _Rows(keys, cpus, np.concatenate(blobs), np.concatenate(starts),
+                     np.concatenate([p.lengths for p in parts]))
 
     def _pick(self, rows: _Rows, index: Any) -> _Rows:
+        if isinstance(index, slice):
+            index = self.np.arange(len(rows.keys))[index] if rows.recs is None else index
+        if rows.recs is not None:
+            return _Rows(rows.keys[index], rows.cpus[index], recs=rows.recs[index])
         packed, starts = _gather(self.np, rows.blob, rows.starts[index], rows.lengths[index])
         return _Rows(rows.keys[index], rows.cpus[index], packed, starts, rows.lengths[index])
 
@@ -426,6 +452,18 @@ class ArrayOrderer(_Rings):
     def _array(self, rows: _Rows, late: bool) -> SampleArray:
         np = self.np
         columns = self.columns
+        cpus = rows.cpus
+        one = len(cpus) and bool((cpus == cpus[0]).all())
+        if rows.recs is not None and not columns.has_tail:
+            recs = np.ascontiguousarray(rows.recs)
+            values = recs.view(columns.strided_dtype(recs.dtype.itemsize, 0))
+            values.flags.writeable = False
+            array = SampleArray(int(cpus[0]) if one else -1, values,
+                                _source=_Gathered(None, None, None, cpus, recs))
+            array.cpus = None if one else cpus
+            array.late = late
+            return array
+        rows = rows.packed(np)
         size = columns.size
         data = rows.blob.tobytes()
         if len(rows.lengths) and rows.lengths.min() == rows.lengths.max():
@@ -437,8 +475,6 @@ class ArrayOrderer(_Rings):
             values.flags.writeable = False
         tails = (Tails(data, rows.starts + size, rows.starts + rows.lengths)
                  if columns.has_tail else None)
-        cpus = rows.cpus
-        one = len(cpus) and bool((cpus == cpus[0]).all())
         array = SampleArray(int(cpus[0]) if one else -1, values, tails,
                             _source=_Gathered(np.frombuffer(data, np.uint8), rows.starts,
                                               rows.lengths, cpus))
@@ -452,8 +488,13 @@ class ArrayOrderer(_Rings):
         out: list[Any] = []
         w: Any = POS if everything else self.watermark(now)
         if rows is not None:
-            order = np.argsort(rows.keys, kind="stable")
-            keys = rows.keys[order]
+            keys = rows.keys
+            # Rows of one ring, or merged runs that happen to be in order: no sort, and
+            # slices instead of gathers.
+            order = None if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()) else (
+                np.argsort(keys, kind="stable"))
+            if order is not None:
+                keys = keys[order]
             released = self.released
             late_n = 0 if released is NEG else int(np.searchsorted(keys, released, "left"))
             if w is POS:
@@ -463,18 +504,32 @@ class ArrayOrderer(_Rings):
             else:
                 cut = int(np.searchsorted(keys, w, "right"))
             cut = max(cut, late_n)
+            if order is None and late_n == 0 and cut == len(keys) and (
+                    rows.origin is not None and not self._items and (
+                        not self.max_rows or cut <= self.max_rows)):
+                out.append(rows.origin)  # one array, all in order, all released: as it is
+                top = keys[-1].item()
+                if top > self.released:
+                    self.released = top
+                self._rows = None
+                return out
+            sorted_order = order
+
+            def part(a: int, b: int | None) -> Any:  # in order already: slices, no gather
+                return slice(a, b) if sorted_order is None else sorted_order[a:b]
+
             if late_n:
-                late_rows = self._pick(rows, order[:late_n])
+                late_rows = self._pick(rows, part(0, late_n))
                 for ring, n in zip(*np.unique(late_rows.cpus, return_counts=True), strict=True):
                     self.late[int(ring)] = self.late.get(int(ring), 0) + int(n)
                 self._arrays(late_rows, True, out)
             if cut > late_n:
-                picked = order[late_n:cut]
+                picked = part(late_n, cut)
                 self._release_rows(self._pick(rows, picked), w, out)
                 top = keys[cut - 1].item()
                 if top > self.released:
                     self.released = top
-            self._rows = self._pick(rows, order[cut:]) if cut < len(keys) else None
+            self._rows = self._pick(rows, part(cut, None)) if cut < len(keys) else None
         self._release_items(w, out)
         return out
 
@@ -512,17 +567,23 @@ class ArrayOrderer(_Rings):
         return bool(lowest <= self.rings_watermark())
 
 class _Gathered:
-    """The raw records of a merged ``SampleArray`` (to rebuild its events)."""
+    """The raw records of a merged ``SampleArray`` (to rebuild its events): ``recs`` of
+    one length, or packed in ``blob``."""
 
-    __slots__ = ("blob", "cpus", "lengths", "starts")
+    __slots__ = ("blob", "cpus", "lengths", "recs", "starts")
 
-    def __init__(self, blob: Any, starts: Any, lengths: Any, cpus: Any) -> None:
+    def __init__(self, blob: Any, starts: Any, lengths: Any, cpus: Any,
+                 recs: Any = None) -> None:
         self.blob = blob
         self.starts = starts
         self.lengths = lengths
         self.cpus = cpus
+        self.recs = recs
 
     def payloads(self) -> list[tuple[int, bytes]]:
+        if self.recs is not None:
+            return [(int(c), bytes(r)) for c, r in zip(self.cpus.tolist(), self.recs.tolist(),
+                                                       strict=True)]
         data = self.blob.tobytes()
         return [(int(c), data[s : s + n]) for c, s, n in zip(
             self.cpus.tolist(), self.starts.tolist(), self.lengths.tolist(), strict=True)]

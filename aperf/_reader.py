@@ -630,20 +630,30 @@ class Reader:
 
     # --- ordered streams (order_by=, _order.py) -----------------------------------------
 
-    def _feed(self, add: Callable[[int, list[Any], float], None],
-              build: Callable[[Any, list[Any]], None],
+    def _queued_rings(self) -> set[int]:
+        """The rings whose samples wait in the queue, not built yet."""
+        return {seg.key for seg in self.queue
+                if seg.__class__ is _Chunk or seg.__class__ is _RunChunk}
+
+    def _feed(self, orderer: Orderer | ArrayOrderer, add: Callable[[int, list[Any], float], None],
+              build: Callable[[Any, list[Any]], None], limit: int | None,
               count: Callable[[list[Any]], int] = len) -> None:
-        """Look at every ring (which are idle now), then build everything queued into an
-        orderer; held events count in ``pending``."""
+        """Look at the rings with nothing queued (which are idle now), then build up to
+        ``limit`` queued samples (None: all) into an orderer; held events count in
+        ``pending``. Built in batches, as ``take`` does: the rest waits raw."""
         if self.rings and self.pending < self.max_pending:
-            self.drain_all()
+            queued = self._queued_rings()
+            for key in list(self.rings):
+                if key not in queued:
+                    self.drain(key)
         now = self.clock.now()
         pop = self.pop
         started = False
-        while True:
-            piece = pop(None, started)
+        taken = 0
+        while limit is None or taken < limit:
+            piece = pop(None if limit is None else limit - taken, started)
             if piece is None:
-                return
+                break
             started = True
             built: list[Any] = []
             if isinstance(piece, Lost):
@@ -652,8 +662,13 @@ class Reader:
             else:
                 key = piece.key
                 build(piece, built)
-            self.pending += count(built)
+            n = count(built)
+            taken += n
+            self.pending += n
             add(key, built, now)
+        # A ring with samples still queued is busy: they come after its built ones.
+        for key in self._queued_rings():
+            orderer.looked(key, False)
 
     def _released(self, orderer: Orderer | ArrayOrderer, out: list[Any]) -> list[Any]:
         released = orderer.release(self.clock.now(), everything=self.closed)
@@ -679,7 +694,7 @@ class Reader:
             else:
                 builder.payloads(piece.key, piece.payloads, piece.uniform, into)
 
-        self._feed(orderer.add, build)
+        self._feed(orderer, orderer.add, build, max(max_items - len(out), 1))
         out.extend(self._released(orderer, out))
         if len(out) > max_items:
             self.held.extend(out[max_items:])
@@ -703,8 +718,8 @@ class Reader:
         if self.orderer is not None and self.orderer.count:
             out.extend(columns.front(self._released_all(self.orderer)))  # a per-item consumer's
         builder = self.builder
-        self._feed(orderer.add_items, lambda piece, into: columns.arrays(piece, builder, None,
-                                                                         into), _rows)
+        self._feed(orderer, orderer.add_items,
+                   lambda piece, into: columns.arrays(piece, builder, None, into), None, _rows)
         orderer.max_rows = max_rows
         released = orderer.release(self.clock.now(), everything=self.closed)
         self.pending -= _rows(released)
