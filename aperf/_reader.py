@@ -643,9 +643,12 @@ class Reader:
         ``pending``. Built in batches, as ``take`` does: the rest waits raw."""
         if self.rings and self.pending < self.max_pending:
             queued = self._queued_rings()
+            clock = self.clock
             for key in list(self.rings):
                 if key not in queued:
-                    self.drain(key)
+                    before = clock.last_drained(key)
+                    if not self.drain(key):
+                        clock.restore(key, before)
         now = self.clock.now()
         pop = self.pop
         started = False
