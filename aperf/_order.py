@@ -344,7 +344,7 @@ class ArrayOrderer(_Rings):
     their ring's previous key and split the released rows where they fall.
     """
 
-    __slots__ = ("_items", "_rows", "columns", "field", "max_rows", "np")
+    __slots__ = ("_items", "_parts", "columns", "field", "max_rows", "np")
 
     def __init__(self, field: str, lateness: float, columns: Any,
                  period: float | None = None) -> None:
@@ -354,13 +354,13 @@ class ArrayOrderer(_Rings):
         self.np = np
         self.field = field.split(".")
         self.columns = columns
-        self._rows: _Rows | None = None
+        self._parts: list[_Rows] = []  # held rows, merged only when they must be sorted
         self._items: list[tuple[Any, Any]] = []  # (key, Lost or BadSample), in arrival order
         self.max_rows: int | None = None  # the most rows in one released array
 
     @property
     def count(self) -> int:
-        return (0 if self._rows is None else len(self._rows.keys)) + len(self._items)
+        return sum(len(part.keys) for part in self._parts) + len(self._items)
 
     def _column(self, values: Any) -> Any:
         for part in self.field:
@@ -388,7 +388,7 @@ class ArrayOrderer(_Rings):
     def add_items(self, ring: Any, items: Sequence[Any], now: float) -> None:
         """One ring's pieces (``SampleArray``, ``Lost``, ``BadSample``), in ring order."""
         np = self.np
-        parts: list[_Rows] = [] if self._rows is None else [self._rows]
+        parts = self._parts
         last = self.last.get(ring, NEG)
         top: Any = NEG
         for item in items:
@@ -405,8 +405,6 @@ class ArrayOrderer(_Rings):
             else:
                 self._items.append((last, item))
         self.last[ring] = last
-        if len(parts) > (self._rows is not None):
-            self._rows = self._merge(parts)
         self.batches.append((now, top))
 
     def _merge(self, parts: list[_Rows]) -> _Rows:
@@ -482,11 +480,35 @@ class ArrayOrderer(_Rings):
         array.late = late
         return array
 
+    def _in_order(self, w: Any) -> bool:
+        """Whether the held arrays go out as they are: each sorted, one after another in
+        order, none late, all at or below ``w``, and nothing to put between them."""
+        parts, step = self._parts, self.max_rows
+        if self._items or any(p.origin is None or (step and len(p.keys) > step) for p in parts):
+            return False
+        previous = self.released
+        for part in parts:
+            keys = part.keys
+            if keys[0] < previous or not bool((keys[1:] >= keys[:-1]).all()):
+                return False
+            previous = keys[-1].item()
+        return bool(w is POS or previous <= w)
+
     def release(self, now: float, everything: bool = False) -> list[Any]:
         np = self.np
-        rows = self._rows
         out: list[Any] = []
         w: Any = POS if everything else self.watermark(now)
+        parts = self._parts
+        if parts and self._in_order(w):
+            # The common case (one busy ring): the arrays as they came, no copy.
+            out.extend(part.origin for part in parts)
+            top = parts[-1].keys[-1].item()
+            if top > self.released:
+                self.released = top
+            parts.clear()
+            return out
+        rows = self._merge(parts) if parts else None
+        parts.clear()
         if rows is not None:
             keys = rows.keys
             # Rows of one ring, or merged runs that happen to be in order: no sort, and
@@ -504,15 +526,6 @@ class ArrayOrderer(_Rings):
             else:
                 cut = int(np.searchsorted(keys, w, "right"))
             cut = max(cut, late_n)
-            if order is None and late_n == 0 and cut == len(keys) and (
-                    rows.origin is not None and not self._items and (
-                        not self.max_rows or cut <= self.max_rows)):
-                out.append(rows.origin)  # one array, all in order, all released: as it is
-                top = keys[-1].item()
-                if top > self.released:
-                    self.released = top
-                self._rows = None
-                return out
             sorted_order = order
 
             def part(a: int, b: int | None) -> Any:  # in order already: slices, no gather
@@ -529,7 +542,8 @@ class ArrayOrderer(_Rings):
                 top = keys[cut - 1].item()
                 if top > self.released:
                     self.released = top
-            self._rows = self._pick(rows, part(cut, None)) if cut < len(keys) else None
+            if cut < len(keys):
+                parts.append(self._pick(rows, part(cut, None)))
         self._release_items(w, out)
         return out
 
@@ -558,10 +572,9 @@ class ArrayOrderer(_Rings):
         out.extend(go)
 
     def releasable(self, now: float) -> bool:
-        rows = self._rows
-        if rows is None:
+        if not self._parts:
             return bool(self._items)
-        lowest = rows.keys.min().item()
+        lowest = min(part.keys.min().item() for part in self._parts)
         if lowest < self.released or lowest <= self.expired_top(now):
             return True
         return bool(lowest <= self.rings_watermark())
