@@ -27,6 +27,7 @@ import operator
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from ._errors import ArgumentError
@@ -175,51 +176,69 @@ class _Rings:
 
 
 class Orderer(_Rings):
-    """Holds built events; releases them in key order (see the module)."""
+    """Holds built events; releases them in key order (see the module).
 
-    __slots__ = ("_held", "_late_held", "_sorted", "error", "key")
+    Held events are two parallel lists, sorted: keys and events. A batch that comes in
+    order after them (the usual case) is appended as it is; only a batch that falls
+    among them is merged, with one ``list.sort`` of (key, event) pairs.
+    """
 
-    def __init__(self, key: OrderKey, lateness: float, period: float | None = None) -> None:
+    __slots__ = ("_events", "_keys", "_late_held", "error", "field", "key")
+
+    def __init__(self, key: OrderKey, lateness: float, period: float | None = None,
+                 field: bool = False) -> None:
         super().__init__(lateness, period)
         self.key = key
-        self._held: list[tuple[Any, Any]] = []  # (key, event), sorted after each release
+        self.field = field  # the key reads a field: it fails on a Lost or BadSample
+        self._keys: list[Any] = []
+        self._events: list[Any] = []
         self._late_held: list[tuple[Any, Any]] = []
-        self._sorted = True
         self.error: Exception | None = None  # a key that failed, raised after adding
 
     @property
     def count(self) -> int:
         """Events held."""
-        return len(self._held) + len(self._late_held)
+        return len(self._events) + len(self._late_held)
 
     def add(self, ring: Any, events: list[Any], now: float) -> None:
         """A batch of one ring's events, in ring order."""
         if not events:
             return
-        kinds = set(map(type, events))
         keys: list[Any]
-        if all(issubclass(kind, Sample) for kind in kinds):
+        if self.field or all(issubclass(kind, Sample) for kind in set(map(type, events))):
             try:
                 keys = list(map(self.key, events))
             except Exception:
-                keys = self._keys(ring, events)
+                keys = self._keys_of(ring, events)
         else:
-            keys = self._keys(ring, events)
+            keys = self._keys_of(ring, events)
         last = self.last.get(ring, NEG)
         for key, event in zip(reversed(keys), reversed(events), strict=True):
             if not isinstance(event, Lost | BadSample):
                 last = key
                 break
         self.last[ring] = last
-        top = max(keys)
-        if min(keys) < self.released:
+        low = min(keys)
+        self.batches.append((now, max(keys)))
+        if low < self.released:
             self._split_late(ring, keys, events)
         else:
-            self._held.extend(zip(keys, events, strict=True))
-        self._sorted = False
-        self.batches.append((now, top))
+            self._hold(keys, events)
 
-    def _keys(self, ring: Any, events: list[Any]) -> list[Any]:
+    def _hold(self, keys: list[Any], events: list[Any]) -> None:
+        held_keys = self._keys
+        if (not held_keys or keys[0] >= held_keys[-1]) and all(
+                map(operator.le, keys, islice(keys, 1, None))):
+            held_keys.extend(keys)  # in order after what is held: as it is
+            self._events.extend(events)
+            return
+        pairs = list(zip(held_keys, self._events, strict=True))
+        pairs.extend(zip(keys, events, strict=True))
+        pairs.sort(key=_FIRST)  # timsort: merges the sorted runs
+        self._keys = list(map(_FIRST, pairs))
+        self._events = list(map(_SECOND, pairs))
+
+    def _keys_of(self, ring: Any, events: list[Any]) -> list[Any]:
         """Keys one by one: a lost notice or bad sample takes its ring's previous key."""
         prev = self.last.get(ring, NEG)
         key = self.key
@@ -237,8 +256,9 @@ class Orderer(_Rings):
         return keys
 
     def _split_late(self, ring: Any, keys: list[Any], events: list[Any]) -> None:
-        released, held, late = self.released, self._held, self._late_held
+        released, late = self.released, self._late_held
         count = 0
+        on_time_keys, on_time = [], []
         for key, event in zip(keys, events, strict=True):
             if key < released:
                 if not isinstance(event, Lost):
@@ -246,7 +266,10 @@ class Orderer(_Rings):
                     count += 1
                 late.append((key, event))
             else:
-                held.append((key, event))
+                on_time_keys.append(key)
+                on_time.append(event)
+        if on_time:
+            self._hold(on_time_keys, on_time)
         if count:
             self.late[ring] = self.late.get(ring, 0) + count
 
@@ -262,33 +285,34 @@ class Orderer(_Rings):
             late.sort(key=_FIRST)
             out.extend(map(_SECOND, late))
             late.clear()
-        held = self._held
-        if not held:
+        keys = self._keys
+        if not keys:
             self._checked = now
             return out
-        if not self._sorted:
-            held.sort(key=_FIRST)
-            self._sorted = True
         w = POS if everything else self.watermark(now)
-        cut = len(held) if w is POS else bisect_right(held, w, key=_FIRST)
+        cut = len(keys) if w is POS else bisect_right(keys, w)
         if cut:
-            if held[cut - 1][0] > self.released:
-                self.released = held[cut - 1][0]
-            out.extend(map(_SECOND, held[:cut]))
-            del held[:cut]
+            if keys[cut - 1] > self.released:
+                self.released = keys[cut - 1]
+            events = self._events
+            if cut == len(keys):
+                out.extend(events)
+                self._keys, self._events = [], []
+            else:
+                out.extend(events[:cut])
+                del keys[:cut], events[:cut]
         return out
 
     def releasable(self, now: float) -> bool:
         """Whether a release now would hand anything out (looking at what is known)."""
         if self._late_held:
             return True
-        held = self._held
-        if not held:
+        keys = self._keys
+        if not keys:
             return False
-        lowest = min(held, key=_FIRST)[0] if not self._sorted else held[0][0]
-        if lowest <= self.expired_top(now):
+        if keys[0] <= self.expired_top(now):
             return True
-        return bool(lowest <= self.rings_watermark())
+        return bool(keys[0] <= self.rings_watermark())
 
 # --- the columnar twin ---------------------------------------------------------------------
 

@@ -163,7 +163,8 @@ class Reader:
         self.clock = DrainClock(wakeup, clock, self.rings)
         # Ordered streams (order_by=): built events wait here until their turn (_order.py).
         period = wakeup.max_latency if wakeup.batched else None
-        self.orderer = None if order_by is None else Orderer(order_by, lateness, period)
+        self.orderer = None if order_by is None else Orderer(
+            order_by, lateness, period, field=order_field is not None)
         self._order = (order_field, lateness, period)
         self.array_orderer: ArrayOrderer | None = None
 
