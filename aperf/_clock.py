@@ -54,15 +54,6 @@ class DrainClock:
         """A ring was just taken from."""
         self._drained_at[key] = self.now()
 
-    def last_drained(self, key: int) -> float | None:
-        return self._drained_at.get(key)
-
-    def restore(self, key: int, at: float | None) -> None:
-        """Forget a look that found nothing: it does not put off the timer's next look
-        at this ring (an ordered stream looks at every ring before each take)."""
-        if at is not None:
-            self._drained_at[key] = at
-
     def start_tick(self) -> tuple[float, float]:
         """The timer fired: (now, the time of the tick before)."""
         now = self.now()

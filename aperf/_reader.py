@@ -641,15 +641,18 @@ class Reader:
               count: Callable[[list[Any]], int] = len) -> None:
         """Look at the rings with nothing queued (which are idle now), then build up to
         ``limit`` queued samples (None: all) into an orderer; held events count in
-        ``pending``. Built in batches, as ``take`` does: the rest waits raw."""
-        if self.rings and self.pending < self.max_pending:
-            queued = self._queued_rings()
-            clock = self.clock
-            for key in list(self.rings):
-                if key not in queued:
-                    before = clock.last_drained(key)
-                    if not self.drain(key):
-                        clock.restore(key, before)
+        ``pending``. Built in batches, as ``take`` does: the rest waits raw.
+
+        A look reads a ring's head only: one that holds samples is busy (it holds the
+        others back until its wakeup or the drain timer takes them), one that holds
+        none is idle. Taking them here would cut the stream into small drains."""
+        queued = self._queued_rings()
+        for key, ring in self.rings.items():
+            if key not in queued:
+                idle = not ring.pending_bytes()
+                for each in (self.orderer, self.array_orderer):
+                    if each is not None:
+                        each.looked(key, idle)
         now = self.clock.now()
         pop = self.pop
         started = False
@@ -717,6 +720,8 @@ class Reader:
                 raise TypeError("arrays() of an ordered stream needs order_by= a field name "
                                 "(a callable key orders events, not arrays)")
             self.array_orderer = ArrayOrderer(field, self._order[1], columns, self._order[2])
+            if self.orderer is not None:  # what the looks so far saw
+                self.array_orderer.empty.update(self.orderer.empty)
         orderer = self.array_orderer
         out: list[Any] = []
         if self.orderer is not None and self.orderer.count:

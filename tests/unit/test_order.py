@@ -49,6 +49,17 @@ def write(src: FakeRingSource, cpu: int, *stamps: int) -> None:
         assert src.write(cpu, QQ.pack(cpu * 1000 + ts, ts))
 
 
+def take(reader: Reader, count: int = 100) -> list[Any]:
+    """What a driver does: its wakeups drain the rings, then the consumer takes."""
+    reader.drain_all()
+    return reader.take(count)
+
+
+def take_arrays(reader: Reader) -> list[Any]:
+    reader.drain_all()
+    return reader.take_arrays()
+
+
 def stamps(events: list[Any]) -> list[int]:
     return [e.value.ts for e in events]
 
@@ -58,33 +69,33 @@ def test_a_busy_ring_holds_the_others_back_until_it_has_passed_them() -> None:
     write(src, 0, 1, 3, 5)
     write(src, 1, 2, 4)
     # Both rings gave samples at this look: CPU 1 may still bring one after 4.
-    assert stamps(reader.take(100)) == [1, 2, 3, 4]
+    assert stamps(take(reader, 100)) == [1, 2, 3, 4]
     assert reader.pending == 1 and reader.statistics().pending == 1
     # Next look: both empty, idle: nothing holds 5 back.
-    assert stamps(reader.take(100)) == [5]
+    assert stamps(take(reader, 100)) == [5]
     assert reader.pending == 0 and reader.statistics().late == 0
 
 
 def test_an_idle_ring_does_not_hold_the_others_back() -> None:
     reader, src, _ = make()
     write(src, 0, 7, 8, 9)
-    assert stamps(reader.take(100)) == [7, 8, 9]  # CPU 1 was seen empty
+    assert stamps(take(reader, 100)) == [7, 8, 9]  # CPU 1 was seen empty
 
 
 def test_lateness_releases_then_a_late_event_is_delivered_flagged_and_counted() -> None:
     reader, src, clock = make(lateness=0.1)
     write(src, 0, 1, 10)
     write(src, 1, 2)
-    assert stamps(reader.take(100)) == [1, 2]
+    assert stamps(take(reader, 100)) == [1, 2]
     for _ in range(3):  # CPU 1 stays busy at 2: 10 waits
         write(src, 1, 2)
-        assert stamps(reader.take(100)) == [2]
+        assert stamps(take(reader, 100)) == [2]
     assert reader.pending == 1 and reader.deadline is not None
     clock.now += 0.1  # held for `lateness`: released whatever the rings say
     write(src, 1, 2)
-    assert stamps(reader.take(100)) == [2, 10]
+    assert stamps(take(reader, 100)) == [2, 10]
     write(src, 1, 3)  # below 10, already released: late
-    late = reader.take(100)
+    late = take(reader, 100)
     assert stamps(late) == [3] and late[0].late and late[0].map is None
     assert isinstance(late[0], aperf.Sample) and late[0] == (1, late[0].data, late[0].value)
     stats = reader.statistics()
@@ -96,11 +107,11 @@ def test_a_tick_wakes_the_consumer_once_held_events_can_go() -> None:
     reader, src, _ = make(lateness=0.1)
     write(src, 0, 1, 5)
     write(src, 1, 2)
-    assert stamps(reader.take(100)) == [1, 2]
+    assert stamps(take(reader, 100)) == [1, 2]
     assert not reader.has_events() and reader.deadline is not None  # 5 waits: a timer
     # Nothing new: at the tick both rings are seen empty, so 5 can go.
     assert reader.tick() >= 1 and reader.has_events()
-    assert stamps(reader.take(100)) == [5]
+    assert stamps(take(reader, 100)) == [5]
     assert reader.deadline is None  # nothing held, no timer (per-sample wakeups)
 
 
@@ -109,17 +120,15 @@ def test_held_events_count_against_max_pending() -> None:
     write(src, 0, *range(10, 30))
     write(src, 1, 0)
     # CPU 0's 20 fill the queue: CPU 1 is held back, unseen, so they wait for it.
-    assert reader.take(100) == [] and reader.pending == 20 and reader.paused
+    assert take(reader, 100) == [] and reader.pending == 20 and reader.paused
     assert reader.statistics().pending == 20
     write(src, 0, 30)
     assert reader.on_ready(src._rings[0].handle) == 0  # held back too
     assert reader.deadline is not None
     clock.now += 0.1  # after `lateness` they go: the memory bound wins
-    assert stamps(reader.take(100)) == list(range(10, 30))
-    out = reader.take(100)  # then CPU 1's sample, now late; nothing dropped
-    assert stamps(out) == [0] and out[0].late
-    out = reader.take(100)  # (CPU 1 gave a sample at that look: 30 waited for one more)
-    assert stamps(out) == [30] and not out[0].late
+    assert stamps(take(reader, 100)) == list(range(10, 30))
+    out = take(reader, 100)  # then CPU 1's sample, now late; nothing dropped
+    assert stamps(out) == [0, 30] and out[0].late and not out[1].late
     stats = reader.statistics()
     assert stats.late == 1 and stats.lost == 0 and stats.samples == 22
     assert reader.pending == 0 and not reader.paused
@@ -134,10 +143,10 @@ def test_a_lost_notice_keeps_its_place_behind_its_rings_sample() -> None:
     write(src, 1, 1, 2 * ts - 1)  # CPU 1's samples fall among CPU 0's
     events = []
     while reader.has_events() or reader.pending or not events:
-        events.extend(reader.take(1000))
+        events.extend(take(reader, 1000))
     assert src.write(0, QQ.pack(999, 2 * ts + 10))  # the lost record goes in front of it
-    events.extend(reader.take(1000))
-    events.extend(reader.take(1000))
+    events.extend(take(reader, 1000))
+    events.extend(take(reader, 1000))
     kinds = [type(e).__name__ for e in events]
     lost = kinds.index("Lost")
     assert events[lost].count == 2 and reader.statistics().lost == 2
@@ -168,22 +177,22 @@ def test_arrays_are_merged_across_rings_with_a_cpu_per_row() -> None:
     reader, src, _ = make()
     write(src, 0, 1, 3, 5)
     write(src, 1, 2, 4)
-    first = reader.take_arrays()
+    first = take_arrays(reader)
     assert len(first) == 1 and first[0].cpu == -1
     assert first[0].values["ts"].tolist() == [1, 2, 3, 4]
     assert first[0].cpus.tolist() == [0, 1, 0, 1]
     assert first[0].values["seq"].tolist() == [1, 1002, 3, 1004]
-    rest = reader.take_arrays()
+    rest = take_arrays(reader)
     assert rest[0].cpu == 0 and rest[0].cpus is None and rest[0].values["ts"].tolist() == [5]
     write(src, 1, 0)
-    late = reader.take_arrays()
+    late = take_arrays(reader)
     assert late[0].late and late[0].values["seq"].tolist() == [1000]
     assert reader.statistics().late == 1 and reader.pending == 0
     # A per-item consumer after a columnar one gets the same rows as events.
     write(src, 0, 6, 7)
     write(src, 1, 8)
-    reader.take_arrays()
-    assert stamps(reader.take(10)) == [8] or reader.pending == 0
+    take_arrays(reader)
+    assert stamps(take(reader, 10)) == [8] or reader.pending == 0
 
 
 def test_arguments_are_checked_with_typed_errors() -> None:
