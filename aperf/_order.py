@@ -321,11 +321,12 @@ class _Rows:
     """Rows held for ordering: records of one length as ``recs`` (a NumPy array of
     ``V<length>`` items, moved whole), or of several, packed in ``blob``."""
 
-    __slots__ = ("blob", "cpus", "keys", "lengths", "origin", "recs", "starts")
+    __slots__ = ("blob", "cpus", "in_order", "keys", "lengths", "origin", "recs", "starts")
 
     def __init__(self, keys: Any, cpus: Any, blob: Any = None, starts: Any = None,
                  lengths: Any = None, recs: Any = None) -> None:
         self.origin: SampleArray | None = None  # the one array these rows are, unchanged
+        self.in_order = False  # keys known to be sorted
         self.keys = keys
         self.cpus = cpus
         self.recs = recs
@@ -422,10 +423,13 @@ class ArrayOrderer(_Rings):
                 keys = np.asarray(self._column(item.values))
                 cpus = item.cpus if item.cpus is not None else np.full(
                     len(keys), item.cpu, dtype=np.int64)
-                parts.append(self._raw(item, keys, cpus))
-                parts[-1].origin = item
+                rows = self._raw(item, keys, cpus)
+                rows.origin = item
+                # One pass: a ring's rows are in order, as a rule; then the last is the top.
+                rows.in_order = len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all())
+                parts.append(rows)
                 last = keys[-1].item()
-                top = max(top, keys.max().item())
+                top = max(top, last if rows.in_order else keys.max().item())
             else:
                 self._items.append((last, item))
         self.last[ring] = last
@@ -513,7 +517,7 @@ class ArrayOrderer(_Rings):
         previous = self.released
         for part in parts:
             keys = part.keys
-            if keys[0] < previous or not bool((keys[1:] >= keys[:-1]).all()):
+            if not part.in_order or keys[0] < previous:
                 return False
             previous = keys[-1].item()
         return bool(w is POS or previous <= w)
