@@ -369,7 +369,7 @@ class ArrayOrderer(_Rings):
     their ring's previous key and split the released rows where they fall.
     """
 
-    __slots__ = ("_items", "_parts", "columns", "field", "max_rows", "np")
+    __slots__ = ("_items", "_parts", "_placed", "columns", "field", "max_rows", "np")
 
     def __init__(self, field: str, lateness: float, columns: Any,
                  period: float | None = None) -> None:
@@ -381,6 +381,9 @@ class ArrayOrderer(_Rings):
         self.columns = columns
         self._parts: list[_Rows] = []  # held rows, merged only when they must be sorted
         self._items: list[tuple[Any, Any]] = []  # (key, Lost or BadSample), in arrival order
+        # How many held arrays came before each item, while all of them did (None: some
+        # items came before a sort; then the items go by their keys).
+        self._placed: list[int] | None = []
         self.max_rows: int | None = None  # the most rows in one released array
 
     @property
@@ -432,6 +435,8 @@ class ArrayOrderer(_Rings):
                 top = max(top, last if rows.in_order else keys.max().item())
             else:
                 self._items.append((last, item))
+                if self._placed is not None:
+                    self._placed.append(len(parts))
         self.last[ring] = last
         self.batches.append((now, top))
 
@@ -512,7 +517,8 @@ class ArrayOrderer(_Rings):
         """Whether the held arrays go out as they are: each sorted, one after another in
         order, none late, all at or below ``w``, and nothing to put between them."""
         parts, step = self._parts, self.max_rows
-        if self._items or any(p.origin is None or (step and len(p.keys) > step) for p in parts):
+        if self._placed is None or any(p.origin is None or (step and len(p.keys) > step)
+                                       for p in parts):
             return False
         previous = self.released
         for part in parts:
@@ -528,15 +534,26 @@ class ArrayOrderer(_Rings):
         w: Any = POS if everything else self.watermark(now)
         parts = self._parts
         if parts and self._in_order(w):
-            # The common case (one busy ring): the arrays as they came, no copy.
-            out.extend(part.origin for part in parts)
+            # The common case (one busy ring): the arrays as they came, no copy, lost
+            # notices and bad samples where they came among them.
+            items, placed = self._items, self._placed
+            at = 0
+            for index, array in enumerate(part.origin for part in parts):
+                while at < len(items) and placed[at] <= index:  # type: ignore[index]
+                    out.append(items[at][1])
+                    at += 1
+                out.append(array)
+            out.extend(item for _, item in items[at:])
             top = parts[-1].keys[-1].item()
             if top > self.released:
                 self.released = top
             parts.clear()
+            items.clear()
+            self._placed = []
             return out
         rows = self._merge(parts) if parts else None
         parts.clear()
+        self._placed = None if self._items else []
         if rows is not None:
             keys = rows.keys
             # Rows of one ring, or merged runs that happen to be in order: no sort, and
@@ -598,6 +615,8 @@ class ArrayOrderer(_Rings):
         go = [i for k, i in self._items if k <= w]
         self._items = [(k, i) for k, i in self._items if k > w]
         out.extend(go)
+        if not self._items:
+            self._placed = []
 
     def releasable(self, now: float) -> bool:
         if not self._parts:

@@ -208,3 +208,24 @@ def test_arguments_are_checked_with_typed_errors() -> None:
             aperf.PerfStream(src, decoder=Ev, order_by="ts", lateness=bad)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="callable"):
         aperf.PerfBuffer(src, decoder=Ev, on_array=print, order_by=lambda s: s.value.ts)
+
+
+def test_arrays_keep_a_lost_notice_behind_its_rings_rows() -> None:
+    pytest.importorskip("numpy")
+    reader, src, _ = make(ring_bytes=4096)
+    ts = 0
+    while src.write(0, QQ.pack(ts, ts)):
+        ts += 1
+    assert not src.write(0, QQ.pack(ts, ts))  # dropped, counted
+    items = take_arrays(reader)
+    assert src.write(0, QQ.pack(999, 1000))  # the lost record goes in front of it
+    items += take_arrays(reader)
+    items += take_arrays(reader)
+    kinds = [type(i).__name__ for i in items]
+    lost = kinds.index("Lost")
+    rows = [r for i in items[:lost] if isinstance(i, aperf.SampleArray)
+            for r in i.values["ts"].tolist()]
+    after = [r for i in items[lost + 1 :] if isinstance(i, aperf.SampleArray)
+             for r in i.values["ts"].tolist()]
+    assert rows == list(range(ts)) and after == [1000] and items[lost].count == 2
+    assert reader.pending == 0 and reader.statistics().lost == 2
