@@ -369,7 +369,7 @@ class ArrayOrderer(_Rings):
     their ring's previous key and split the released rows where they fall.
     """
 
-    __slots__ = ("_items", "_parts", "_placed", "columns", "field", "max_rows", "np")
+    __slots__ = ("_items", "_parts", "_placed", "_records", "columns", "field", "max_rows", "np")
 
     def __init__(self, field: str, lateness: float, columns: Any,
                  period: float | None = None) -> None:
@@ -385,6 +385,7 @@ class ArrayOrderer(_Rings):
         # items came before a sort; then the items go by their keys).
         self._placed: list[int] | None = []
         self.max_rows: int | None = None  # the most rows in one released array
+        self._records: dict[tuple[int, int, int], Any] = {}  # run shape -> its records' dtype
 
     @property
     def count(self) -> int:
@@ -409,8 +410,12 @@ class ArrayOrderer(_Rings):
             return _Rows(keys, cpus, np.frombuffer(blob, np.uint8),
                          np.cumsum(lengths) - lengths, lengths)
         run = source  # a Run: records at a stride in the copied span
-        dtype = np.dtype({"names": ["r"], "formats": [f"V{run.size}"], "offsets": [run.skip],
-                          "itemsize": run.stride})
+        shape = (run.size, run.skip, run.stride)
+        dtype = self._records.get(shape)
+        if dtype is None:  # made once: a dtype from a dict costs microseconds
+            dtype = self._records[shape] = np.dtype({
+                "names": ["r"], "formats": [f"V{run.size}"], "offsets": [run.skip],
+                "itemsize": run.stride})
         return _Rows(keys, cpus, recs=np.frombuffer(run.span, dtype, run.count, run.start)["r"])
 
     def add_items(self, ring: Any, items: Sequence[Any], now: float) -> None:
@@ -423,7 +428,9 @@ class ArrayOrderer(_Rings):
             if item.__class__ is SampleArray:
                 if not len(item):
                     continue
-                keys = np.asarray(self._column(item.values))
+                # One copy of the key column, aligned: the records are not (a perf record's
+                # data starts 4 bytes in), and NumPy works on unaligned arrays through buffers.
+                keys = np.ascontiguousarray(self._column(item.values))
                 cpus = item.cpus if item.cpus is not None else np.full(
                     len(keys), item.cpu, dtype=np.int64)
                 rows = self._raw(item, keys, cpus)
