@@ -82,6 +82,10 @@ class EventBuilder:
         """The map of ring ``key``, in a stream of several maps."""
         return self.map
 
+    def key_of(self, event: Lost) -> int:
+        """The ring key of a notice this builder made (its ``cpu`` is the real CPU)."""
+        return int(event.cpu) + self.offset
+
     def lost(self, key: int, count: int) -> Lost:
         """The ``Lost`` notice of ``count`` drops on ring ``key``."""
         lost: Lost = _tuple_new(self.lost_cls, (key - self.offset, count))

@@ -84,8 +84,8 @@ def dispatch(
     try:
         for index, event in enumerate(batch):  # noqa: B007 - index is used on error
             cls = event.__class__
-            if cls is not Sample:
-                cls = getattr(cls, "_untagged", cls)  # an event of several maps: its kind
+            # A tagged event (late, or of a named map) is a subclass: its base decides.
+            cls = cls if cls is Sample or cls is SampleArray else getattr(cls, "_untagged", cls)
             if cls is Sample:
                 result = on_sample(event)  # type: ignore[misc]
             elif cls is Lost:

@@ -24,6 +24,7 @@ from ._build import EventBuilder, Payloads, RunPiece
 from ._decode import SizedDecoder
 from ._events import BadSample, Event, Lost, Sample, SampleArray, Tails
 from ._layout import byte_order, dtype_spec
+from ._order import _Gathered
 from ._perf_format import PerfRecords, split_span, uniform_run_end
 from ._source import Run, Segment
 
@@ -228,7 +229,10 @@ class Columns:
                 continue
             source = item._source
             key = item.cpu + self.offset
-            if isinstance(source, Run):
+            if isinstance(source, _Gathered):  # rows merged by an ordered stream
+                for cpu, data in source.payloads():
+                    builder.payloads(cpu + self.offset, [data], False, events)
+            elif isinstance(source, Run):
                 builder.run(key, source, 0, source.count, events)
             else:
                 builder.payloads(key, source, False, events)

@@ -177,6 +177,7 @@ class CpuStatistics:
     map: str | None = None
     """The map of the ring, in a stream of several maps (None in a stream of one);
     ``cpu`` is then the ring's real CPU (-1 for a BPF ring buffer)."""
+    late: int = 0  # samples an ordered stream delivered late (docs/ordering.md)
 
     @property
     def ring_lost(self) -> int:
@@ -246,6 +247,11 @@ class StreamStatistics:
         return sum(c.queue_lost for c in self.cpus)
 
     @property
+    def late(self) -> int:
+        """Samples an ordered stream (``order_by=``) delivered late, all CPUs."""
+        return sum(c.late for c in self.cpus)
+
+    @property
     def ring_lost(self) -> int:
         """The other drops, all CPUs: ``lost == queue_lost + ring_lost``."""
         return sum(c.ring_lost for c in self.cpus)
@@ -285,9 +291,15 @@ class SampleArray:
     copy. ``tails``, for a struct ending in a flexible array member, holds each
     sample's bytes after the fixed part; otherwise None. ``len()`` is the
     number of samples. See docs/columnar.md.
+
+    From an ordered stream (``order_by=``, docs/ordering.md) an array holds the rows
+    of one release, sorted, from any rings: ``cpu`` is -1 when they come from
+    several, and ``cpus`` then gives each row's (a NumPy array; None otherwise).
+    ``late`` is True for an array of late rows: received after later ones had been
+    released (counted in ``statistics().late``).
     """
 
-    __slots__ = ("_source", "cpu", "map", "tails", "values")
+    __slots__ = ("_source", "cpu", "cpus", "late", "map", "tails", "values")
     __match_args__ = ("cpu", "values", "tails")
 
     def __init__(self, cpu: int, values: Any, tails: Tails | None = None, *,
@@ -297,6 +309,8 @@ class SampleArray:
         self.tails = tails
         self.map = map  # the map's name in a stream of several maps, else None
         self._source = _source  # the raw records, to rebuild Sample events from
+        self.cpus: Any = None  # per-row ring keys, for rows of several rings (ordered)
+        self.late = False
 
     def __len__(self) -> int:
         return len(self.values)
@@ -304,6 +318,7 @@ class SampleArray:
     def __repr__(self) -> str:
         tails = ", tails" if self.tails is not None else ""
         where = f" map={self.map!r}" if self.map is not None else ""
+        tails += ", late" if self.late else ""
         return (f"<SampleArray{where} cpu={self.cpu} {len(self)} samples{tails} "
                 f"dtype={self.values.dtype}>")
 

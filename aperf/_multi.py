@@ -148,6 +148,13 @@ class MultiBuilder:
     def cpu_of(self, key: int) -> int:
         return key - offset_of(key // STRIDE)
 
+    def key_of(self, event: Lost) -> int:
+        """The ring key of a notice a member made: its map's offset plus its real CPU."""
+        for index, member in enumerate(self.members):
+            if member.map == event.map:
+                return int(event.cpu) + offset_of(index)
+        raise LookupError(f"no map named {event.map!r} in this stream")
+
     def map_of(self, key: int) -> str | None:
         return self.members[key // STRIDE].map
 

@@ -42,6 +42,7 @@ from ._log import log
 from ._losses import LossLedger, LostCounter
 from ._multi import MultiSource
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._order import DEFAULT_LATENESS, ArrayOrderer, Orderer, OrderKey
 from ._source import Ring, RingSource, Run, Segment, SourceEnded
 
 if TYPE_CHECKING:
@@ -88,6 +89,11 @@ Piece = Union[RunPiece, Payloads, Lost]  # noqa: UP007
 """What ``Reader.pop`` hands out: samples not built yet, or a lost notice."""
 
 
+def _rows(items: list[Any]) -> int:
+    """Events in columnar items: an array counts as its rows."""
+    return sum(len(e) if e.__class__ is SampleArray else 1 for e in items)
+
+
 def load_columns(decoder: Decoder | None, *, map: str | None = None, offset: int = 0) -> Columns:
     """What makes arrays for ``decoder``: ImportError saying what to install without
     NumPy, TypeError if the decoder has no layout (checked when a driver is made).
@@ -121,6 +127,9 @@ class Reader:
         decoder: Decoder | None = None,
         decode_errors: DecodeErrorPolicy = "item",
         max_pending: int = DEFAULT_MAX_PENDING,
+        order_by: OrderKey | None = None,
+        order_field: str | None = None,
+        lateness: float = DEFAULT_LATENESS,
     ) -> None:
         self.source = source
         self.split: Callable[[int, bytes], tuple[list[Segment], int]] = source.records.split
@@ -160,6 +169,12 @@ class Reader:
         self.losses = LossLedger(rings)
         self.wakeup = wakeup
         self.clock = DrainClock(wakeup, clock, self.rings)
+        # Ordered streams (order_by=): built events wait here until their turn (_order.py).
+        period = wakeup.max_latency if wakeup.batched else None
+        self.orderer = None if order_by is None else Orderer(
+            order_by, lateness, period, field=order_field is not None)
+        self._order = (order_field, lateness, period)
+        self.array_orderer: ArrayOrderer | None = None
 
     # --- what drivers ask -----------------------------------------------------------
 
@@ -170,7 +185,12 @@ class Reader:
     @property
     def deadline(self) -> float | None:
         """Loop time at which ``tick()`` is due (None: no timer)."""
-        return self.clock.deadline
+        at = self.clock.deadline
+        for orderer in (self.orderer, self.array_orderer):
+            due = None if orderer is None else orderer.deadline()
+            if due is not None and (at is None or due < at):
+                at = due  # events held for ordering: look again (docs/ordering.md)
+        return at
 
     @deadline.setter
     def deadline(self, at: float | None) -> None:
@@ -198,8 +218,17 @@ class Reader:
         return None if ring is None else ring.handle
 
     def has_events(self) -> bool:
-        """Whether anything waits to be taken (queued, or built in a front queue)."""
-        return bool(self.pending or self.held or self.held_arrays)
+        """Whether anything waits to be taken (queued, or built in a front queue); of
+        events held for ordering, only those that can go now."""
+        if self.held or self.held_arrays:
+            return True
+        waiting = 0
+        for orderer in (self.orderer, self.array_orderer):
+            if orderer is not None and orderer.count:
+                if orderer.releasable(self.clock.now()) or self.closed:
+                    return True
+                waiting += orderer.count
+        return self.pending > waiting
 
     # --- the drain clock ------------------------------------------------------------
 
@@ -218,6 +247,15 @@ class Reader:
                 added += self.drain(key)
                 clock.looked(key, now)
         clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
+        for orderer in (self.orderer, self.array_orderer):
+            if orderer is not None and orderer.count:
+                # Held events: a fresh look at every ring, then wake the consumer if
+                # some can go now.
+                if self.pending < self.max_pending:
+                    added += self.drain_all()
+                if orderer.releasable(now):
+                    added += 1
+                orderer.checked(now)
         return added
 
     # --- draining -------------------------------------------------------------------
@@ -292,12 +330,18 @@ class Reader:
         if not force and self.pending >= self.max_pending:
             losses.held_back(ring)
             self._pause(key)
+            for orderer in (self.orderer, self.array_orderer):
+                if orderer is not None:
+                    orderer.looked(key, False)  # unseen: it may hold earlier events
             return 0
         self.stalled.discard(key)
         failure: BrokenRingError | None = None
         try:
             span = ring.take()
             self.clock.drained(key)
+            for orderer in (self.orderer, self.array_orderer):
+                if orderer is not None:
+                    orderer.looked(key, not span)
             # Caught up at an earlier drain without an exact count: a lost record at
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after
@@ -530,6 +574,9 @@ class Reader:
         """Build events from the front of the queue into ``out`` until it holds
         ``max_items`` (``take()``'s list, or ``fill()``'s empty front queue itself)."""
         self._before_taking()
+        if self.orderer is not None:
+            self._take_ordered(out, max_items)  # a list: fill() takes this way too
+            return
         pop = self.pop
         builder = self.builder
         while len(out) < max_items:
@@ -550,9 +597,10 @@ class Reader:
         it); whether the front has events."""
         held = self.held
         if not held:
-            if self.held_arrays:
+            if self.held_arrays or self.orderer is not None:
                 # In front: taking may leave events behind it (a columnar
-                # consumer's arrays, turned back into events).
+                # consumer's arrays, turned back into events; released events of an
+                # ordered stream past the batch).
                 held.extendleft(reversed(self.take(max_items)))
             else:
                 # Built straight into the front queue: no batch list in between. (A
@@ -598,6 +646,9 @@ class Reader:
             out.extend(columns.front(self.held))  # a per-item consumer stopped
             self.held.clear()
         self._before_taking()
+        if self.orderer is not None:
+            out.extend(self._take_arrays_ordered(columns, max_rows))
+            return out
         pop = self.pop
         builder = self.builder
         while True:
@@ -615,6 +666,112 @@ class Reader:
         if not held:
             held.extend(self.take_arrays(max_rows))
         return bool(held)
+
+    # --- ordered streams (order_by=, _order.py) -----------------------------------------
+
+    def _queued_rings(self) -> set[int]:
+        """The rings whose samples wait in the queue, not built yet."""
+        return {seg.key for seg in self.queue
+                if seg.__class__ is _Chunk or seg.__class__ is _RunChunk}
+
+    def _feed(self, orderer: Orderer | ArrayOrderer, add: Callable[[int, list[Any], float], None],
+              build: Callable[[Any, list[Any]], None], limit: int | None,
+              count: Callable[[list[Any]], int] = len) -> None:
+        """Look at the rings with nothing queued (which are idle now), then build up to
+        ``limit`` queued samples (None: all) into an orderer; held events count in
+        ``pending``. Built in batches, as ``take`` does: the rest waits raw.
+
+        A look reads a ring's head only: one that holds samples is busy (it holds the
+        others back until its wakeup or the drain timer takes them), one that holds
+        none is idle. Taking them here would cut the stream into small drains."""
+        queued = self._queued_rings()
+        for key, ring in self.rings.items():
+            if key not in queued:
+                idle = not ring.pending_bytes()
+                for each in (self.orderer, self.array_orderer):
+                    if each is not None:
+                        each.looked(key, idle)
+        now = self.clock.now()
+        pop = self.pop
+        started = False
+        taken = 0
+        while limit is None or taken < limit:
+            piece = pop(None if limit is None else limit - taken, started)
+            if piece is None:
+                break
+            started = True
+            built: list[Any] = []
+            if isinstance(piece, Lost):
+                key = self.builder.key_of(piece)  # its ring's (a map's offset + the CPU)
+                built.append(piece)
+            else:
+                key = piece.key
+                build(piece, built)
+            n = count(built)
+            taken += n
+            self.pending += n
+            add(key, built, now)
+        # A ring with samples still queued is busy: they come after its built ones.
+        for key in self._queued_rings():
+            orderer.looked(key, False)
+
+    def _released(self, orderer: Orderer | ArrayOrderer, out: list[Any]) -> list[Any]:
+        released = orderer.release(self.clock.now(), everything=self.closed)
+        self.pending -= len(released)
+        error = orderer.take_error() if isinstance(orderer, Orderer) else None
+        if error is not None:
+            self.put_back(out + released)  # nothing lost: served before the error's cause
+            raise error
+        return released
+
+    def _take_ordered(self, out: list[Any], max_items: int) -> list[Event[Any]]:
+        orderer = self.orderer
+        assert orderer is not None
+        builder = self.builder
+        if self.array_orderer is not None and self.array_orderer.count:
+            # A columnar consumer stopped: what it held, as events, in front.
+            arrays = self._released_all(self.array_orderer)
+            out.extend(self.columns().events(arrays, builder))
+
+        def build(piece: Any, into: list[Any]) -> None:
+            if isinstance(piece, RunPiece):
+                builder.run(piece.key, piece.run, piece.start, piece.stop, into)
+            else:
+                builder.payloads(piece.key, piece.payloads, piece.uniform, into)
+
+        self._feed(orderer, orderer.add, build, max(max_items - len(out), 1))
+        out.extend(self._released(orderer, out))
+        if len(out) > max_items:
+            self.held.extend(out[max_items:])
+            del out[max_items:]
+        return out
+
+    def _released_all(self, orderer: Orderer | ArrayOrderer) -> list[Any]:
+        released = orderer.release(self.clock.now(), everything=True)
+        self.pending -= len(released) if isinstance(orderer, Orderer) else _rows(released)
+        return released
+
+    def _take_arrays_ordered(self, columns: Columns, max_rows: int | None) -> list[Any]:
+        if self.array_orderer is None:
+            field = self._order[0]
+            if field is None:
+                raise TypeError("arrays() of an ordered stream needs order_by= a field name "
+                                "(a callable key orders events, not arrays)")
+            self.array_orderer = ArrayOrderer(field, self._order[1], columns, self._order[2])
+            if self.orderer is not None:  # what the looks so far saw
+                self.array_orderer.empty.update(self.orderer.empty)
+        orderer = self.array_orderer
+        out: list[Any] = []
+        if self.orderer is not None and self.orderer.count:
+            out.extend(columns.front(self._released_all(self.orderer)))  # a per-item consumer's
+        builder = self.builder
+        self._feed(orderer, orderer.add_items,
+                   lambda piece, into: columns.arrays(piece, builder, None, into), None, _rows)
+        orderer.max_rows = max_rows
+        released = orderer.release(self.clock.now(), everything=self.closed)
+        self.pending -= _rows(released)
+        out.extend(released)
+        return out
 
     def put_back(self, events: list[Any]) -> None:
         """Return built events to the front, in order (nothing is dropped)."""
@@ -673,6 +830,7 @@ class Reader:
             high_water=self.high_water.get(key, 0) / size if size else 0.0,
             queue_lost=queue_lost,
             map=self.builder.map_of(key),
+            late=sum(o.late.get(key, 0) for o in (self.orderer, self.array_orderer) if o),
         )
 
     def log_summary(self, event: str) -> None:

@@ -34,6 +34,7 @@ from ._options import (
     resolve_wakeup,
     ring_data_bytes,
 )
+from ._order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from ._perf_source import PerfEventArraySource, check_layout
 from ._reader import Reader, load_columns
 from ._ringbuf_source import RingBufferSource
@@ -155,6 +156,9 @@ class ReaderOptions:
     map_keys: tuple[int, ...] | None = None
     memory_bytes: int | None = None
     overwritable: bool = False
+    order_by: OrderKey | None = None
+    order_field: str | None = None
+    lateness: float = DEFAULT_LATENESS
 
     @classmethod
     def check(
@@ -172,6 +176,8 @@ class ReaderOptions:
         memory_bytes: int | None = None,
         take_over: bool = False,
         overwritable: bool = False,
+        order_by: str | Callable[[Any], Any] | None = None,
+        lateness: float = DEFAULT_LATENESS,
     ) -> ReaderOptions:
         if isinstance(source, Mapping) or (
             isinstance(source, Sequence) and not isinstance(source, str | bytes)
@@ -180,7 +186,7 @@ class ReaderOptions:
                 source, pages=pages, ring_bytes=ring_bytes, wakeup=wakeup, decoder=decoder,
                 max_pending=max_pending, decode_errors=decode_errors, cpus=cpus,
                 map_keys=map_keys, memory_bytes=memory_bytes, take_over=take_over,
-                overwritable=overwritable,
+                overwritable=overwritable, order_by=order_by, lateness=lateness,
             )
         if isinstance(decoder, Mapping):
             raise TypeError(
@@ -216,17 +222,23 @@ class ReaderOptions:
                 )
         if budget is not None and cpu_ids is not None:
             budget_ring_bytes(budget, len(cpu_ids))  # the ring count is known: check now
+        resolved = resolve_decoder(decoder, ring_source)
+        order_key = check_order_by(order_by, resolved)
+        lateness = check_lateness(lateness)
         return cls(
             source=ring_source,
             ring_bytes=ring_data_bytes(pages, ring_bytes),
             wakeup=resolve_wakeup(wakeup),
-            decoder=resolve_decoder(decoder, ring_source),
+            decoder=resolved,
             max_pending=check_max_pending(max_pending),
             decode_errors=check_decode_errors(decode_errors),
             cpus=cpu_ids,
             map_keys=keys,
             memory_bytes=budget,
             overwritable=overwritable,
+            order_by=order_key,
+            order_field=order_by if isinstance(order_by, str) else None,
+            lateness=lateness,
         )
 
     @classmethod
@@ -245,6 +257,8 @@ class ReaderOptions:
         memory_bytes: int | None,
         take_over: bool,
         overwritable: bool,
+        order_by: str | Callable[[Any], Any] | None,
+        lateness: float,
     ) -> ReaderOptions:
         """Several maps in one stream (``_multi.py``): each spec resolved as a single
         source is, each decoder against its own map's source."""
@@ -306,6 +320,8 @@ class ReaderOptions:
             Member(name, src, resolve_decoder(specs[name], src), sized=s, laid_out=lay)
             for name, src, s, lay in zip(names, sources, sized, laid_out, strict=True)
         ]
+        # Ordered across maps by one key: a field every map's decoder has, checked for each.
+        order_keys = [check_order_by(order_by, member.decoder) for member in members]
         return cls(
             source=MultiSource(members),
             ring_bytes=size,
@@ -315,6 +331,9 @@ class ReaderOptions:
             decode_errors=check_decode_errors(decode_errors),
             cpus=cpu_ids,
             map_keys=keys,
+            order_by=order_keys[0],
+            order_field=order_by if isinstance(order_by, str) else None,
+            lateness=check_lateness(lateness),
         )
 
     def check_columns(self) -> None:
@@ -343,8 +362,24 @@ class ReaderOptions:
                 decoder=self.decoder,
                 decode_errors=self.decode_errors,
                 max_pending=self.max_pending,
+                order_by=self.order_by,
+                order_field=self.order_field,
+                lateness=self.lateness,
             )
         except BaseException:
             source.free()
             raise
 
+
+
+def check_arrays_order(options: ReaderOptions) -> None:
+    """Arrays are ordered by a field of their rows, not by a key function of samples."""
+    if options.order_by is not None and isinstance(options.source, MultiSource):
+        # Each map's arrays have their own dtype: rows of several maps make no one array.
+        raise UnsupportedError(
+            "order_by= with arrays() over several maps: each map's rows have their own "
+            "dtype; iterate the events (async for, batches()) to merge several maps in time "
+            "order, or open one ordered stream per map")
+    if options.order_by is not None and options.order_field is None:
+        raise TypeError("order_by=: arrays are ordered by a field name (order_by=\"ts\"); a "
+                        "callable key(sample) orders events, not arrays")

@@ -20,9 +20,10 @@ from ._errors import BusyResourceError, ClosedResourceError
 from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader, weak_callback
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._order import DEFAULT_LATENESS
 from ._overwrite import snapshot
 from ._reader import DEFAULT_BATCH, Reader
-from ._setup import ReaderOptions, SourceSpec
+from ._setup import ReaderOptions, SourceSpec, check_arrays_order
 from ._source import set_paused
 from ._waiting import current_binding
 from ._waiting.base import LoopBinding
@@ -122,6 +123,14 @@ class PerfStream(Generic[T]):
             keeps overwriting the oldest records with the newest and never drops; the rings
             are not read on wakeups (nothing is delivered or counted as lost) but on demand,
             by ``snapshot()`` (docs/rings.md, "The last N seconds before an incident").
+        order_by: None (the default): each ring's events in ring order, the rings one
+            after another. A field of the decoded value (e.g. ``"ts"``, a
+            ``bpf_ktime_get_ns()`` timestamp; dotted for a nested struct), or a callable
+            ``key(sample)`` (events only, not arrays): events in that order across every
+            ring, each held until no ring can still bring an earlier one, or for at most
+            ``lateness``; one that comes later than that is delivered anyway, flagged
+            ``late`` and counted (``statistics().late``). docs/ordering.md.
+        lateness: seconds an ordered stream holds an event at most (default 0.1).
     """
 
     @overload
@@ -145,6 +154,8 @@ class PerfStream(Generic[T]):
         memory_bytes: int | None = ...,
         take_over: bool = ...,
         overwritable: bool = ...,
+        order_by: str | Callable[[Any], Any] | None = ...,
+        lateness: float = ...,
     ) -> None: ...
 
     @overload
@@ -168,6 +179,8 @@ class PerfStream(Generic[T]):
         memory_bytes: int | None = ...,
         take_over: bool = ...,
         overwritable: bool = ...,
+        order_by: str | Callable[[Any], Any] | None = ...,
+        lateness: float = ...,
     ) -> None: ...
 
     @overload
@@ -191,6 +204,8 @@ class PerfStream(Generic[T]):
         memory_bytes: int | None = ...,
         take_over: bool = ...,
         overwritable: bool = ...,
+        order_by: str | Callable[[Any], Any] | None = ...,
+        lateness: float = ...,
     ) -> None: ...
 
     def __init__(
@@ -213,6 +228,8 @@ class PerfStream(Generic[T]):
         memory_bytes: int | None = None,
         take_over: bool = False,
         overwritable: bool = False,
+        order_by: str | Callable[[Any], Any] | None = None,
+        lateness: float = DEFAULT_LATENESS,
     ) -> None:
         # Everything is checked here, before any ring exists.
         self._options = ReaderOptions.check(
@@ -220,6 +237,7 @@ class PerfStream(Generic[T]):
             max_pending=max_pending, decode_errors=decode_errors, cpus=cpus, map_keys=map_keys,
             memory_bytes=memory_bytes, take_over=take_over,
             overwritable=overwritable,
+            order_by=order_by, lateness=lateness,
         )
         if on_batch is not None and (on_sample or on_lost):
             raise ValueError("give on_batch, or on_sample/on_lost, not both")
@@ -617,6 +635,7 @@ class PerfStream(Generic[T]):
         max_rows = _check_max_rows(max_rows)
         handlers = Handlers(None, on_lost, on_decode_error, on_array)
         self._options.check_columns()  # NumPy and a decoder with a layout, now
+        check_arrays_order(self._options)
         await self._dispatch(handlers, max_rows)
 
     async def _dispatch(self, handlers: Handlers, max_rows: int | None = None) -> None:
@@ -643,6 +662,7 @@ class PerfStream(Generic[T]):
         cancelled, as `batches()` is; see docs/columnar.md.
         """
         max_rows = _check_max_rows(max_rows)
+        check_arrays_order(self._options)
         reader = self._require_open()
         reader.columns()
         return _Items(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))

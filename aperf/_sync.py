@@ -18,9 +18,10 @@ from ._errors import ClosedResourceError
 from ._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from ._lifetime import OpenReader
 from ._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from ._order import DEFAULT_LATENESS
 from ._overwrite import snapshot
 from ._reader import DEFAULT_BATCH, Reader
-from ._setup import ReaderOptions, SourceSpec
+from ._setup import ReaderOptions, SourceSpec, check_arrays_order
 from ._source import set_paused
 from ._waiting import handle_waiter
 
@@ -102,6 +103,14 @@ class PerfBuffer(Generic[T]):
             keeps overwriting the oldest records with the newest and never drops; the rings
             are not read on wakeups (nothing is delivered or counted as lost) but on demand,
             by ``snapshot()`` (docs/rings.md, "The last N seconds before an incident").
+        order_by: None (the default): each ring's events in ring order, the rings one
+            after another. A field of the decoded value (e.g. ``"ts"``, a
+            ``bpf_ktime_get_ns()`` timestamp; dotted for a nested struct), or a callable
+            ``key(sample)`` (events only, not arrays): events in that order across every
+            ring, each held until no ring can still bring an earlier one, or for at most
+            ``lateness``; one that comes later than that is delivered anyway, flagged
+            ``late`` and counted (``statistics().late``). docs/ordering.md.
+        lateness: seconds an ordered stream holds an event at most (default 0.1).
     """
 
     @overload
@@ -124,6 +133,8 @@ class PerfBuffer(Generic[T]):
         memory_bytes: int | None = ...,
         take_over: bool = ...,
         overwritable: bool = ...,
+        order_by: str | Callable[[Any], Any] | None = ...,
+        lateness: float = ...,
     ) -> None: ...
 
     @overload
@@ -146,6 +157,8 @@ class PerfBuffer(Generic[T]):
         memory_bytes: int | None = ...,
         take_over: bool = ...,
         overwritable: bool = ...,
+        order_by: str | Callable[[Any], Any] | None = ...,
+        lateness: float = ...,
     ) -> None: ...
 
     @overload
@@ -168,6 +181,8 @@ class PerfBuffer(Generic[T]):
         memory_bytes: int | None = ...,
         take_over: bool = ...,
         overwritable: bool = ...,
+        order_by: str | Callable[[Any], Any] | None = ...,
+        lateness: float = ...,
     ) -> None: ...
 
     def __init__(
@@ -189,6 +204,8 @@ class PerfBuffer(Generic[T]):
         memory_bytes: int | None = None,
         take_over: bool = False,
         overwritable: bool = False,
+        order_by: str | Callable[[Any], Any] | None = None,
+        lateness: float = DEFAULT_LATENESS,
     ) -> None:
         if on_sample is None and on_array is None:
             raise ValueError("PerfBuffer needs an on_sample (or, columnar, an on_array) callback")
@@ -198,9 +215,11 @@ class PerfBuffer(Generic[T]):
             max_pending=max_pending, decode_errors=decode_errors, cpus=cpus,
             map_keys=map_keys, memory_bytes=memory_bytes, take_over=take_over,
             overwritable=overwritable,
+            order_by=order_by, lateness=lateness,
         )
         if on_array is not None:
             options.check_columns()  # NumPy and a decoder with a layout, now
+            check_arrays_order(options)
         self._wakeup = options.wakeup
         # One caller at a time inside poll/consume; close() interrupts a waiting poll,
         # then takes the lock, so it never frees rings under a reader. Reentrant: a
@@ -281,7 +300,9 @@ class PerfBuffer(Generic[T]):
                 if ticking and tick_at is not None and time.monotonic() >= tick_at:
                     reader.tick()
                 if reader.has_events():
-                    return self._dispatch(reader)
+                    handled = self._dispatch(reader)
+                    if handled:  # an ordered buffer may still hold what it took
+                        return handled
                 if deadline is not None and time.monotonic() >= deadline:
                     return 0
 

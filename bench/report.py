@@ -238,7 +238,37 @@ class Goals:
                 ("Decoded samples keep up", self.decoding()),
                 ("Light on the traced workload, prompt, flat in memory", self.overhead()),
                 ("Columnar batches near C speed", self.kernel_speed()),
-                ("trio beside asyncio; BPF ring buffers beside libbpf's", self.trio_and_ringbuf())]
+                ("trio beside asyncio; BPF ring buffers beside libbpf's", self.trio_and_ringbuf()),
+                ("Time order across CPUs at little cost", self.ordered())]
+
+    def ordered(self) -> list[tuple[str, str]]:
+        """Issue 21: ordered streams (order_by="ts") against the same consumers unordered."""
+        cpu = "cpu_us_per_sample"
+        goals = []
+        for mode in ("aiter", "arrays"):
+            mine, peer = (f"flat32/aperf.{mode}.btf{o}@asyncio" for o in (".ordered", ""))
+            x = self.ratio(mine, peer, cpu)
+            goals.append((
+                f"ordered {'async for' if mode == 'aiter' else 'arrays()'}: at most 1.3x the "
+                "CPU per sample of the same consumer unordered, flat out",
+                f"{verdict(None if x is None else x <= 1.3)}: "
+                f"{'-' if x is None else f'{x:.2f}x'} ({self.lines([mine, peer])})."))
+        added = []
+        for group in ("paced1k", "paced1k-2cpu"):
+            a, b = (self.r.get(f"{group}/aperf.aiter.btf{o}@asyncio") for o in (".ordered", ""))
+            if a and b:
+                added.append(a["lat_p99_us"] - b["lat_p99_us"])
+        # Every ring busy (paced1k-2cpu): at most the drain period (1 ms) plus 1 ms more.
+        ok = None if len(added) < 2 else added[1] <= 2000
+        goals.append((
+            "ordered async for at 1 k/s adds at most the drain period + 1 ms to the p99 "
+            "latency, with every ring busy",
+            f"{verdict(ok)}: added p99 "
+            + (", ".join(f"{us(x)}" for x in added) or "-")
+            + " (one ring busy; both rings busy): "
+            + self.lines([f"{g}/aperf.aiter.btf{o}@asyncio" for g in ("paced1k", "paced1k-2cpu")
+                          for o in ("", ".ordered")], latency=True) + "."))
+        return goals
 
     def side_by_side(self, names: list[str], peer: str, key: str) -> str:
         """``key`` of each of ``names`` over ``peer``'s, as ratios."""
@@ -478,6 +508,10 @@ paced2.5M aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_us_per_sample
 paced2.5M aperf.aiter.btf@trio aperf.aiter.btf@asyncio cpu_us_per_sample
 paced100k aperf.aiter.raw@trio aperf.aiter.raw@asyncio lat_p99_us cpu_us_per_sample
 idle aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_pct
+flat32 aperf.aiter.btf.ordered@asyncio aperf.aiter.btf@asyncio cpu_us_per_sample
+flat32 aperf.arrays.btf.ordered@asyncio aperf.arrays.btf@asyncio cpu_us_per_sample
+paced1k aperf.aiter.btf.ordered@asyncio aperf.aiter.btf@asyncio lat_p99_us
+paced1k-2cpu aperf.aiter.btf.ordered@asyncio aperf.aiter.btf@asyncio lat_p99_us
 ringbuf32 aperf.aiter.raw@asyncio libbpf.ringbuf delivered_rate cpu_us_per_sample
 ringbuf32 aperf.batches.raw@asyncio libbpf.ringbuf delivered_rate cpu_us_per_sample
 ringbuf-paced100k aperf.aiter.raw.lowest-latency@asyncio libbpf.ringbuf lat_p99_us cpu_us_per_sample
@@ -580,6 +614,8 @@ GROUP_TITLES = {
     "paced2.5M": "Deterministic producer paced at 2.5 M samples/s, 32 B",
     "paced1k": "Paced at 1 k samples/s, 32 B (latency of every sample)",
     "paced100k": "Paced at 100 k samples/s, 32 B (latency of every sample)",
+    "paced1k-2cpu": "Paced at 1 k samples/s alternating between both CPUs' rings, 32 B "
+                    "(latency of every sample)",
     "getpid-py": "Real workload: os.getpid() loop in Python, traced by a tracepoint program",
     "getpid-c": "Real workload: getpid(2) loop in C, traced by a tracepoint program",
     "memory": "Memory: 1 M samples/s offered to a slower consumer",

@@ -254,10 +254,12 @@ def produce(p: Producer, spec: dict[str, Any]) -> tuple[int, int]:
         start = time.monotonic()
         times.append(time.monotonic_ns())
         tick = 0
+        # "cpus": "both": every period's samples alternate between the two CPUs' rings.
+        cpus = (PRODUCER_CPU, CONSUMER_CPU) if spec.get("cpus") == "both" else (PRODUCER_CPU,)
         while sent < total:
             due = min(total, int((time.monotonic() - start) * rate) + 1)
             if due > sent:
-                p.emit(due - sent, size=size, cpu=PRODUCER_CPU)
+                p.emit(due - sent, size=size, cpu=cpus[tick % len(cpus)])
                 sent = due
             tick += 1
             pause = start + tick * period - time.monotonic()

@@ -34,6 +34,8 @@ class Scenario:
             key = f"aperf.{c['mode']}{c.get('max_items') or ''}.{c.get('decoder') or 'raw'}"
             if c.get("wakeup"):
                 key += f".{c['wakeup']}"
+            if c.get("order_by"):
+                key += ".ordered"
             if c["mode"].startswith("sync"):
                 return key
             return key + f"@{c.get('loop', 'asyncio')}"
@@ -84,7 +86,8 @@ def consumer_label(c: dict[str, Any]) -> str:
         if not c["mode"].startswith("sync"):
             text += f", {c.get('loop', 'asyncio')}"
         wakeup = c.get("wakeup") or "default"
-        return text + f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
+        text += f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
+        return text + (f", ordered by {c['order_by']}" if c.get("order_by") else "")
     if impl == "libbpf":
         if c["wakeup"] == "ringbuf":
             return "libbpf C ring_buffer__poll on the BPF ring buffer (producer's wakeups)"
@@ -105,11 +108,18 @@ def consumer_label(c: dict[str, Any]) -> str:
 
 
 def aperf(mode: str, decoder: str | None = None, loop: str = "asyncio",
-          wakeup: str | None = None, max_items: int | None = None) -> dict[str, Any]:
+          wakeup: str | None = None, max_items: int | None = None,
+          order_by: str | None = None) -> dict[str, Any]:
     c = {"impl": "aperf", "mode": mode, "decoder": decoder, "loop": loop, "wakeup": wakeup}
     if max_items:
         c["max_items"] = max_items  # batches(): aperf's default when absent
+    if order_by:
+        c["order_by"] = order_by  # an ordered stream (docs/ordering.md)
     return c
+
+
+# Issue 21: ordered streams (order_by="ts") next to the same consumers unordered.
+ORDERED = [aperf("aiter", "btf", order_by="ts"), aperf("arrays", "btf", order_by="ts")]
 
 
 LIBBPF_PER_SAMPLE = {"impl": "libbpf", "wakeup": "default", "pages": PEER_PAGES, "drain_ms": 0}
@@ -183,7 +193,7 @@ def all_scenarios(quick: bool) -> list[Scenario]:
             LIBBPF_MATCHED,
             LIBBPF_PER_SAMPLE,
         ]
-        consumers += COLUMNAR + CTYPES_DECODED
+        consumers += COLUMNAR + CTYPES_DECODED + ORDERED
         if quick and size == 256:
             consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
                          aperf("callback"), aperf("sync"), LIBBPF_MATCHED, *COLUMNAR[:2]]
@@ -226,7 +236,16 @@ def all_scenarios(quick: bool) -> list[Scenario]:
                          aperf("aiter", loop="trio"), aperf("aiter", "btf"),
                          aperf("aiter", wakeup="lowest-latency"), LIBBPF_PER_SAMPLE,
                          LIBBPF_MATCHED]
+        if group == "paced1k":
+            consumers += [aperf("aiter", "btf", order_by="ts")]
         out += [Scenario(group, c, producer, extra={"lat_every": 1}) for c in consumers]
+
+    # 3a. Issue 21: 1 k/s alternating between both CPUs' rings, every ring busy: the
+    # latency an ordered stream adds (it holds a sample until the other ring has passed it).
+    both = {"kind": "paced", "rate": 1_000, "seconds": 2.0 if quick else 5.0, "size": 32,
+            "period": 0.001, "cpus": "both"}
+    out += [Scenario("paced1k-2cpu", c, both, extra={"lat_every": 1})
+            for c in (aperf("aiter", "btf"), aperf("aiter", "btf", order_by="ts"))]
 
     # 3b. The same producer into its BPF ring buffer (issue 12): flat out and paced, aperf's
     # consumers on asyncio and trio against libbpf's ring_buffer__poll. One ring for both CPUs.

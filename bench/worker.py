@@ -203,8 +203,11 @@ async def sample_rss(series: list[tuple[float, int]], start: float) -> None:
 
 def ring_options(spec: dict[str, Any]) -> dict[str, Any]:
     """What PerfStream and PerfBuffer take alike from the spec."""
-    return {"pages": spec.get("pages"), "decoder": make_decoder(spec),
-            "wakeup": make_wakeup(spec.get("wakeup"))}
+    options = {"pages": spec.get("pages"), "decoder": make_decoder(spec),
+               "wakeup": make_wakeup(spec.get("wakeup"))}
+    if spec.get("order_by"):
+        options["order_by"] = spec["order_by"]
+    return options
 
 
 async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]],

@@ -89,6 +89,9 @@ async def trace(args: argparse.Namespace) -> int:
                 source, wakeup=args.wakeup,
                 pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
                 decoder=event_decoder(obj),  # struct event from the object's BTF
+                # In time order across CPUs (an EXIT never before its EXEC), by the
+                # event's kernel timestamp; --unordered: ring order (docs/ordering.md).
+                order_by=cli.order_by(args),
             ) as stream:
                 stop.on_stop(stream.close)
                 if not args.json:

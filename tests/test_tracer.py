@@ -751,3 +751,51 @@ def test_tracer_sh_accepts_every_option_of_aperf_trace() -> None:
     tool = help_options(COMMANDS["tool"])
     assert {"--nats", "--host", "--pages", "--ringbuf", "--json", "-d", "--loop"} <= tool
     assert help_options(tracer_sh_command()) == tool
+
+
+# --- time order across CPUs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["example", "tool"])
+def test_events_come_in_time_order_across_cpus(tracefs: None, command: str) -> None:
+    """Processes that exec on one CPU and exit on another: a pid's EXIT never comes
+    before its EXEC, and the kernel timestamps of the lines never go back."""
+    sh, true, taskset = which("sh"), which("true"), shutil.which("taskset")
+    cpus = sorted(os.sched_getaffinity(0))
+    if taskset is None or len(cpus) < 2:
+        pytest.skip("needs taskset and two CPUs")
+    a, b = cpus[0], cpus[-1]
+    with Tracer("--json", command=command) as tracer:
+        tracer.wait_json_ready()
+        start = len(tracer.seen)
+        parents = []
+        for i in range(20):
+            first, then = (a, b) if i % 2 else (b, a)
+            # sh execs on one CPU; its child execs taskset there, then true on the other
+            # CPU, and exits there.
+            script = f"{taskset} -c {then} {true}; {taskset} -c {then} {true}"
+            proc = subprocess.Popen([taskset, "-c", str(first), sh, "-c", script])
+            assert finished(proc) == 0
+            parents.append(proc.pid)
+
+        def complete(lines: list[str]) -> bool:
+            exits = {r["pid"] for r in map(json.loads, lines) if r["exit_event"]}
+            return exits >= set(parents)
+
+        tracer.read_until(complete)
+        rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+    records = [json.loads(line) for line in tracer.seen[start:]]
+    stamps = [r["timestamp_ns"] for r in records]
+    assert stamps == sorted(stamps), "lines out of time order"
+    assert {r["cpu"] for r in records} >= {a, b}
+    first_exec: dict[int, int] = {}
+    checked = 0
+    for index, record in enumerate(records):
+        pid = record["pid"]
+        if not record["exit_event"]:
+            first_exec.setdefault(pid, index)
+        elif pid in first_exec or pid in parents:
+            assert first_exec.get(pid, index) < index, f"EXIT of {pid} before its EXEC"
+            checked += 1
+    assert checked >= 3 * len(parents)  # each sh and its two children

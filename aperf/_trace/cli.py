@@ -41,6 +41,10 @@ MAX_PAGES = 8192  # 32 MiB per CPU: far more than exec/exit rates need, and stil
 # ticking while the machine is idle. "balanced" suits high event rates.
 DEFAULT_WAKEUP = "lowest-latency"
 WAKEUPS = ("lowest-latency", "balanced", "throughput")
+# Events come out in time order across CPUs (an EXIT never before its EXEC): ordered
+# by the event's bpf_ktime_get_boot_ns() stamp, each held at most ORDER_LATENESS
+# seconds (docs/ordering.md); --unordered gives ring order, as the C original.
+ORDER_BY = "timestamp_ns"
 FLEET_STREAM = "bootstrap_legacy"  # the stream name the tracer publishes under (--nats)
 
 Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -160,7 +164,7 @@ async def trace(args: argparse.Namespace) -> int:
             source = event_source(obj)
             stream = aperf.PerfStream(
                 source, pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
-                decoder=event_decoder(obj), wakeup=args.wakeup,
+                decoder=event_decoder(obj), wakeup=args.wakeup, order_by=order_by(args),
             )
             async with stream:
                 # Closing the stream frees the rings at once; the loop then hands
@@ -252,6 +256,11 @@ async def publish(
 # --- command line ------------------------------------------------------------------------
 
 
+def order_by(args: argparse.Namespace) -> str | None:
+    """The field events are ordered by (None: --unordered, ring order)."""
+    return None if args.unordered else ORDER_BY
+
+
 def positive_power_of_two(text: str) -> int:
     """``--pages``: a power of two from 1 to MAX_PAGES."""
     try:
@@ -330,6 +339,11 @@ def parse_args(
     parser.add_argument(
         "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
         help=f"when the kernel wakes the reader (default {DEFAULT_WAKEUP}: at every event)",
+    )
+    parser.add_argument(
+        "--unordered", action="store_true",
+        help="print events in ring order (each CPU's in turn, as they are read) instead of "
+        "in time order across CPUs (which holds an event up to 0.1 s)",
     )
     parser.add_argument(
         "--object", type=Path, default=None, metavar="PATH",

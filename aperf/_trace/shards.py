@@ -136,7 +136,7 @@ async def copy_lines(
 
 async def trace_shard(args: argparse.Namespace) -> int:
     """A child: read the CPUs ``--shard-cpus`` of the map pinned at ``--shard-of``."""
-    from .cli import Printer, StopSignals, show_all
+    from .cli import Printer, StopSignals, order_by, show_all
 
     cpus = [int(cpu) for cpu in args.shard_cpus.split(",")]
     out = await LineOutput.open()
@@ -145,7 +145,7 @@ async def trace_shard(args: argparse.Namespace) -> int:
             stop.on_stop(out.stop)
             stream = aperf.PerfStream(
                 args.shard_of, pages=args.pages, decoder=event_decoder(obj), wakeup=args.wakeup,
-                cpus=cpus,
+                cpus=cpus, order_by=order_by(args),  # in time order within the shard
             )
             async with stream:
                 stop.on_stop(stream.close)

@@ -39,6 +39,7 @@ class Settings:
     min_duration_ms: int = 0
     pages: int = DEFAULT_PAGES
     wakeup: str = DEFAULT_WAKEUP
+    ordered: bool = True  # events in time order across CPUs (--unordered: ring order)
     replay: int = DEFAULT_REPLAY  # events kept for reconnecting and slow clients
     heartbeat: float = HEARTBEAT_SECONDS
     shutdown_timeout: float = SHUTDOWN_SECONDS
@@ -50,7 +51,8 @@ class Settings:
 def create_app(settings: Settings) -> Starlette:
     hub = Hub(settings.replay)
     source = TraceSource(hub, settings.object_path, min_duration_ms=settings.min_duration_ms,
-                         pages=settings.pages, wakeup=settings.wakeup)
+                         pages=settings.pages, wakeup=settings.wakeup,
+                         ordered=settings.ordered)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -180,6 +180,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pages", type=positive_power_of_two, default=DEFAULT_PAGES, metavar="N",
                         help=f"ring size per CPU in 4 KiB pages (default {DEFAULT_PAGES})")
     parser.add_argument("--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP)
+    parser.add_argument("--unordered", action="store_true",
+                        help="publish events in ring order instead of in time order across "
+                        "CPUs (which holds an event up to 0.1 s)")
     parser.add_argument("--replay", type=replay_window, default=DEFAULT_REPLAY, metavar="N",
                         help="events kept for clients that reconnect (Last-Event-ID) or read "
                         f"slowly (default {DEFAULT_REPLAY})")
@@ -284,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = Settings(
         object_path=args.object, min_duration_ms=args.duration, pages=args.pages,
-        wakeup=args.wakeup, replay=args.replay, heartbeat=args.heartbeat,
+        wakeup=args.wakeup, ordered=not args.unordered, replay=args.replay,
+        heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout, allowed_hosts=tuple(hosts), token=token,
     )
     app = create_app(settings)

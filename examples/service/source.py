@@ -71,12 +71,15 @@ class TraceSource:
     """The tracer's BPF object and perf stream, published to the hub while the app runs."""
 
     def __init__(self, hub: Hub, object_path: Path, *, min_duration_ms: int = 0,
-                 pages: int, wakeup: str) -> None:
+                 pages: int, wakeup: str, ordered: bool = True) -> None:
         self.hub = hub
         self.object_path = object_path
         self.min_duration_ms = min_duration_ms
         self.pages = pages
         self.wakeup = wakeup
+        # Events in time order across CPUs (docs/ordering.md): the SSE stream never
+        # shows a process's EXIT before its EXEC.
+        self.order_by = "timestamp_ns" if ordered else None
         self.stream: aperf.PerfStream | None = None
         self.state = "starting"  # -> running -> stopping -> stopped, or failed
         self.error: BaseException | None = None  # why it failed to start
@@ -100,7 +103,7 @@ class TraceSource:
             with tracer_object(self.object_path, self.min_duration_ms * 1_000_000) as obj:
                 async with aperf.PerfStream(
                     obj.maps["perf_buffer"], pages=self.pages, decoder=event_decoder(obj),
-                    wakeup=self.wakeup,
+                    wakeup=self.wakeup, order_by=self.order_by,
                 ) as stream, anyio.create_task_group() as tg:
                     self.stream = stream
                     self._loop, self._stop = asyncio.get_running_loop(), anyio.Event()

@@ -20,7 +20,7 @@ FLOORS = {
     "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
     "_layout": 2, "_callbacks": 2, "_encode": 2, "_user_ringbuf_format": 2, "_backward": 2,
     "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
-    "_ebpfwin": 3, "_columnar": 3, "_clock": 3, "_losses": 3, "_build": 3,
+    "_ebpfwin": 3, "_columnar": 3, "_clock": 3, "_losses": 3, "_build": 3, "_order": 3,
     "_multi": 3,
     "_reader": 4, "_overwrite": 4,
     "_setup": 5, "_lifetime": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,

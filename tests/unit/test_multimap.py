@@ -333,3 +333,46 @@ async def test_hotplug_notices_go_to_their_map_with_its_keys() -> None:
     assert sorted((e.map, e.cpu, e.data[:6]) for e in got) == [
         ("a", 1, b"a-cpu1"), ("h", 1, b"before"), ("h", 2, b"after!")]
     assert stats == {("a", 0): 0, ("a", 1): 1, ("h", 0): 0, ("h", 1): 1, ("h", 2): 1}
+
+
+# --- several maps in time order ------------------------------------------------------
+
+
+async def test_several_maps_merge_in_time_order_with_losses_in_place() -> None:
+    a, b = fakes(ring_bytes=256)
+    decoder = aperf.decoders.from_struct(REC, names=("seq", "ts"))
+    async with aperf.PerfStream({"a": a, "b": b}, decoder=decoder, order_by="ts") as stream:
+        for ts in (1, 4, 7):
+            a.write(0, REC.pack(ts, ts))
+        for ts in (2, 5):
+            b.write(1, REC.pack(ts, ts))
+        for ts in range(10, 20):
+            b.write(0, REC.pack(ts, ts))  # 32-byte records: 8 fit in 256, 2 dropped
+        events: list[Any] = []
+        async for event in stream:
+            events.append(event)
+            if len(events) == 14:  # 13 samples and one Lost notice
+                break
+        stats = stream.statistics()
+    samples = [e for e in events if isinstance(e, aperf.Sample)]
+    assert [e.value.ts for e in samples] == sorted(e.value.ts for e in samples)
+    assert [(e.map, e.cpu) for e in samples[:5]] == [
+        ("a", 0), ("b", 1), ("a", 0), ("b", 1), ("a", 0)]
+    lost = [e for e in events if isinstance(e, aperf.Lost)]
+    assert lost == [(0, 2)] and lost[0].map == "b"
+    # The notice follows the last sample of its ring that made it (ts 17).
+    assert events.index(lost[0]) == len(events) - 1 and events[-2].value.ts == 17
+    assert stats.late == 0 and stats.lost == 2
+
+
+async def test_ordered_arrays_of_several_maps_are_refused_naming_why() -> None:
+    pytest.importorskip("numpy")
+    a, b = fakes()
+    decoder = aperf.decoders.from_struct(REC, names=("seq", "ts"))
+    async with aperf.PerfStream({"a": a, "b": b}, decoder=decoder, order_by="ts") as stream:
+        with pytest.raises(aperf.UnsupportedError, match="several maps"):
+            stream.arrays()
+        a.write(0, REC.pack(1, 1))  # the stream goes on: events in order still
+        async for event in stream:
+            assert event.value.ts == 1
+            break

@@ -647,9 +647,10 @@ def test_both_drivers_take_the_same_keywords_in_the_same_order() -> None:
     shared = ["source", "pages", "ring_bytes", "decoder", "wakeup", "max_pending", "decode_errors"]
     callbacks = ["on_sample", "on_lost", "on_decode_error", "on_array"]
     rings = ["cpus", "map_keys", "memory_bytes", "take_over", "overwritable"]  # which rings, whose
-    assert names(aperf.PerfBuffer) == shared + callbacks + rings
+    order = ["order_by", "lateness"]
+    assert names(aperf.PerfBuffer) == shared + callbacks + rings + order
     assert names(aperf.PerfStream)[: len(shared)] == shared
-    assert names(aperf.PerfStream)[-len(rings):] == rings
+    assert names(aperf.PerfStream)[-len(rings + order):] == rings + order
 
 
 def test_the_sync_buffer_bounds_its_queue_with_max_pending() -> None:
