@@ -87,6 +87,22 @@ Piece = Union[RunPiece, Payloads, Lost]  # noqa: UP007
 """What ``Reader.pop`` hands out: samples not built yet, or a lost notice."""
 
 
+def gather_threshold(source: RingSource, wakeup: Wakeup, ring_bytes: int) -> int:
+    """Below how many pending bytes a wakeup is left to the drain timer (0: never).
+
+    Only for sources whose kernel wakes the reader once it caught up (a BPF ring
+    buffer: ``wakes_when_caught_up``), with batched wakeups: the wakeup policy's
+    watermark, or a quarter of the ring.
+    """
+    if not wakeup.batched or not getattr(source, "wakes_when_caught_up", False):
+        return 0
+    if wakeup.watermark_bytes:
+        return min(wakeup.watermark_bytes, ring_bytes)
+    if wakeup.watermark_fraction:
+        return int(ring_bytes * wakeup.watermark_fraction)
+    return ring_bytes >> 2
+
+
 def load_columns(decoder: Decoder | None) -> Columns:
     """What makes arrays for ``decoder``: ImportError saying what to install without
     NumPy, TypeError if the decoder has no layout (checked when a driver is made)."""
@@ -152,6 +168,9 @@ class Reader:
         self.losses = LossLedger(rings)
         self.wakeup = wakeup
         self.clock = DrainClock(wakeup, clock, self.rings)
+        self.gather_below = gather_threshold(source, wakeup, self.ring_bytes)
+        self.gathering: set[int] = set()  # rings whose wakeup was left to the drain timer
+        self._last_span: dict[int, int] = {}  # per ring: the bytes its last drain took
 
     # --- what drivers ask -----------------------------------------------------------
 
@@ -227,8 +246,35 @@ class Reader:
             counters = self.counters.get(ring.key)
             if counters is not None:
                 counters[_WAKEUPS] += 1
+            if self.gather_below and self._gathers(ring):
+                continue
             added += self.drain(ring.key)
         self.clock.traffic()
+        return added
+
+    def _gathers(self, ring: Ring) -> bool:
+        """Leave this wakeup to the drain timer (a BPF ring buffer, batched wakeups).
+
+        The kernel wakes a ring buffer's reader only for a record committed at its
+        consumer position: a reader that does not catch up at once gets no more
+        wakeups while records gather, and the next tick (``traffic`` brings it
+        within ``max_latency``) takes them all in one drain. Read at once a ring
+        above the threshold, and one whose last drain took a sizeable span: at
+        such rates wakeups are few per sample anyway, and no wakeup would come
+        to say the ring is filling.
+        """
+        key = ring.key
+        limit = self.gather_below
+        if self._last_span.get(key, 0) >= limit >> 2 or ring.pending_bytes() >= limit:
+            return False
+        self.gathering.add(key)
+        return True
+
+    def drain_gathered(self) -> int:
+        """Drain the rings whose wakeup waits for the drain timer (a sync poll's timeout)."""
+        added = 0
+        for key in list(self.gathering):
+            added += self.drain(key)
         return added
 
     def _cpus_changed(self, gone: list[int], new: Sequence[Ring]) -> int:
@@ -274,10 +320,12 @@ class Reader:
             self._pause(key)
             return 0
         self.stalled.discard(key)
+        self.gathering.discard(key)
         failure: BrokenRingError | None = None
         try:
             span = ring.take()
             self.clock.drained(key)
+            self._last_span[key] = len(span)
             # Caught up at an earlier drain without an exact count: a lost record at
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after
