@@ -171,6 +171,10 @@ class Reader:
         self.gather_below = gather_threshold(source, wakeup, self.ring_bytes)
         self.gathering: set[int] = set()  # rings whose wakeup was left to the drain timer
         self._last_span: dict[int, int] = {}  # per ring: the bytes its last drain took
+        # Rings whose wakeups the source holds back while records flow (see _gathers).
+        self._hush: Callable[[int, bool], None] | None = (
+            getattr(source, "hush_wakeups", None) if self.gather_below else None)
+        self.hushed: set[int] = set()
 
     # --- what drivers ask -----------------------------------------------------------
 
@@ -268,7 +272,18 @@ class Reader:
         if self._last_span.get(key, 0) >= limit >> 2 or ring.pending_bytes() >= limit:
             return False
         self.gathering.add(key)
+        if self._hush is not None and key not in self.hushed:
+            # The drain that catches up gets the next record's wakeup: with records
+            # flowing the ticks find them anyway, so hold the wakeups back until a
+            # drain finds the ring empty (or a sizeable span).
+            self._hush(ring.handle, True)
+            self.hushed.add(key)
         return True
+
+    def _unhush(self, ring: Ring) -> None:
+        self.hushed.discard(ring.key)
+        if self._hush is not None:
+            self._hush(ring.handle, False)
 
     def drain_gathered(self) -> int:
         """Drain the rings whose wakeup waits for the drain timer (a sync poll's timeout)."""
@@ -326,6 +341,10 @@ class Reader:
             span = ring.take()
             self.clock.drained(key)
             self._last_span[key] = len(span)
+            if self.hushed and key in self.hushed and (
+                not span or len(span) >= self.gather_below >> 2
+            ):
+                self._unhush(ring)  # idle again, or busy: wakeups from now on
             # Caught up at an earlier drain without an exact count: a lost record at
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after

@@ -151,6 +151,24 @@ class RingBufferSource(MapBackedSource):
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(fd)
 
+    def hush_wakeups(self, handle: int, hushed: bool) -> None:
+        """Hold the kernel's wakeups back from the readiness handle (True), or pass them again.
+
+        The reader holds them back while records flow and its drain timer takes them:
+        a reader that catches up is woken by the very next record, and each wakeup
+        costs the loop far more than the record. Passing them again polls the map
+        fd: records already there are reported at once, none is missed.
+        """
+        epoll = self._epoll
+        if epoll is None or handle != epoll.fileno():
+            return
+        if hushed:
+            with contextlib.suppress(FileNotFoundError):
+                epoll.unregister(self._map_fd)
+        else:
+            with contextlib.suppress(FileExistsError):
+                epoll.register(self._map_fd, select.EPOLLIN | select.EPOLLET)
+
     def _give_up(self) -> bool:
         """Taken over: the ring and its consumer position are the taker's from now on.
         What we took out of it is ours to deliver; what it still holds is the taker's."""

@@ -98,3 +98,32 @@ def test_drain_gathered_takes_what_waits_for_the_timer() -> None:
     assert reader.on_ready(handle) == 0
     assert reader.drain_gathered() == 1 and not reader.gathering
     assert reader.drain_gathered() == 0
+
+
+def test_wakeups_are_held_back_while_records_flow_and_passed_again_when_idle() -> None:
+    reader, src, clock, handle = make(aperf.Wakeup.balanced())
+    calls: list[tuple[int, bool]] = []
+    reader._hush = lambda h, hushed: calls.append((h, hushed))
+    src.write(0, Q.pack(0))
+    assert reader.on_ready(handle) == 0
+    assert calls == [(handle, True)] and reader.hushed == {0}
+    src.write(0, Q.pack(1))
+    clock.now = reader.deadline
+    assert reader.tick() == 2  # records flow: the ticks take them, still held back
+    assert calls == [(handle, True)]
+    clock.now = reader.deadline
+    assert reader.tick() == 0  # an empty drain: wakeups again, for the next record
+    assert calls == [(handle, True), (handle, False)] and not reader.hushed
+
+
+def test_a_sizeable_drain_passes_wakeups_again() -> None:
+    reader, src, clock, handle = make(aperf.Wakeup.watermark(256))
+    calls: list[bool] = []
+    reader._hush = lambda h, hushed: calls.append(hushed)
+    src.write(0, Q.pack(0))
+    assert reader.on_ready(handle) == 0
+    for i in range(1, 5):  # 80 bytes in all: a quarter of the threshold or more
+        src.write(0, Q.pack(i))
+    clock.now = reader.deadline
+    assert reader.tick() == 5
+    assert calls == [True, False]
