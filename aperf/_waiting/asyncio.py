@@ -18,6 +18,7 @@ import asyncio
 import functools
 import sys
 import threading
+from asyncio.selector_events import BaseSelectorEventLoop
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +31,14 @@ if TYPE_CHECKING:
 
 
 class AsyncioBinding:
-    """asyncio and uvloop: ``add_reader`` per fd; the drain timer on a timerfd (Linux),
-    else ``call_at``.
+    """asyncio and uvloop: ``add_reader`` per fd; the drain timer with ``call_at``, or on
+    asyncio's selector loop on Linux, a timerfd.
 
-    asyncio and uvloop round a timer's wait up to the millisecond: the 1 ms drain
-    timer, re-armed after the consumer's work, fired about 1.2 ms apart (median
-    0.2 ms late, 1 ms at p99 here), and samples waited that much longer. A timerfd
-    armed for the deadline fires within tens of microseconds of it.
+    The selector loop rounds a timer's wait up to the millisecond, from when it
+    computes it, after the consumer's work: the 1 ms drain timer fired about 1.2 ms
+    apart (median 0.2 ms late, 1 ms at p99 here), and samples waited that much
+    longer. A timerfd armed for the deadline fires within tens of microseconds of
+    it. uvloop's timers are not rounded up: they stay.
     """
 
     kind: HandleKind = "fd"
@@ -51,7 +53,9 @@ class AsyncioBinding:
         self._thread = threading.get_ident()
         self.time = loop.time
         self._timerfd: TimerFd | None = None  # made by the first schedule()
-        self._timerfd_wanted = kind == "fd" and sys.platform == "linux"
+        # The selector loop's wait is rounded up (uvloop's is not: its timers stay).
+        self._timerfd_wanted = (kind == "fd" and sys.platform == "linux"
+                                and isinstance(loop, BaseSelectorEventLoop))
         self._timer_callback: Callable[[], None] | None = None
 
     def watch(
