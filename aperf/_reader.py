@@ -261,15 +261,17 @@ class Reader:
 
         The kernel wakes a ring buffer's reader only for a record committed at its
         consumer position: a reader that does not catch up at once gets no more
-        wakeups while records gather, and the next tick (``traffic`` brings it
-        within ``max_latency``) takes them all in one drain. Read at once a ring
-        above the threshold, and one whose last drain took a sizeable span: at
-        such rates wakeups are few per sample anyway, and no wakeup would come
-        to say the ring is filling.
+        wakeups while records gather, and the tick due ``max_latency`` after the
+        ring's last drain takes them all in one drain. Read at once a ring last
+        drained longer ago than that (wakeups are rare: reading costs no more
+        drains than the timer's), one above the threshold, and one whose last
+        drain took a sizeable span: at such rates wakeups are few per sample
+        anyway, and no wakeup would come to say the ring is filling.
         """
         key = ring.key
         limit = self.gather_below
-        if self._last_span.get(key, 0) >= limit >> 2 or ring.pending_bytes() >= limit:
+        if (not self.clock.recently_drained(key) or self._last_span.get(key, 0) >= limit >> 2
+                or ring.pending_bytes() >= limit):
             return False
         self.gathering.add(key)
         if self._hush is not None and key not in self.hushed:

@@ -127,3 +127,15 @@ def test_a_sizeable_drain_passes_wakeups_again() -> None:
     clock.now = reader.deadline
     assert reader.tick() == 5
     assert calls == [True, False]
+
+
+def test_a_wakeup_long_after_the_last_drain_is_read_at_once() -> None:
+    # Rare wakeups cost no more drains than the timer's: read them at once.
+    reader, src, clock, handle = make(aperf.Wakeup.balanced())
+    clock.now += 0.0015  # the last drain (at open) is more than max_latency ago
+    src.write(0, Q.pack(0))
+    assert reader.on_ready(handle) == 1 and not reader.gathering
+    clock.now += 0.0002  # 0.2 ms after that drain: gathered until 1 ms after it
+    src.write(0, Q.pack(1))
+    assert reader.on_ready(handle) == 0 and reader.gathering == {0}
+    assert reader.deadline is not None and reader.deadline <= clock.now - 0.0002 + 0.001 + 1e-9
