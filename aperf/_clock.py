@@ -54,6 +54,13 @@ class DrainClock:
         """A ring was just taken from."""
         self._drained_at[key] = self.now()
 
+    def recently_drained(self, key: int) -> bool:
+        """Whether the ring was taken from less than ``max_latency`` ago (so a look at it
+        is due by then anyway)."""
+        max_latency = self._max_latency
+        return max_latency is not None and (
+            self.now() - self._drained_at.get(key, -max_latency) < max_latency)
+
     def start_tick(self) -> tuple[float, float]:
         """The timer fired: (now, the time of the tick before)."""
         now = self.now()

@@ -94,6 +94,22 @@ def _rows(items: list[Any]) -> int:
     return sum(len(e) if e.__class__ is SampleArray else 1 for e in items)
 
 
+def gather_threshold(source: RingSource, wakeup: Wakeup, ring_bytes: int) -> int:
+    """Below how many pending bytes a wakeup is left to the drain timer (0: never).
+
+    Only for sources whose kernel wakes the reader once it caught up (a BPF ring
+    buffer: ``wakes_when_caught_up``), with batched wakeups: the wakeup policy's
+    watermark, or a quarter of the ring.
+    """
+    if not wakeup.batched or not getattr(source, "wakes_when_caught_up", False):
+        return 0
+    if wakeup.watermark_bytes:
+        return min(wakeup.watermark_bytes, ring_bytes)
+    if wakeup.watermark_fraction:
+        return int(ring_bytes * wakeup.watermark_fraction)
+    return ring_bytes >> 2
+
+
 def load_columns(decoder: Decoder | None, *, map: str | None = None, offset: int = 0) -> Columns:
     """What makes arrays for ``decoder``: ImportError saying what to install without
     NumPy, TypeError if the decoder has no layout (checked when a driver is made).
@@ -175,6 +191,13 @@ class Reader:
             order_by, lateness, period, field=order_field is not None)
         self._order = (order_field, lateness, period)
         self.array_orderer: ArrayOrderer | None = None
+        self.gather_below = gather_threshold(source, wakeup, self.ring_bytes)
+        self.gathering: set[int] = set()  # rings whose wakeup was left to the drain timer
+        self._last_span: dict[int, int] = {}  # per ring: the bytes its last drain took
+        # Rings whose wakeups the source holds back while records flow (see _gathers).
+        self._hush: Callable[[int, bool], None] | None = (
+            getattr(source, "hush_wakeups", None) if self.gather_below else None)
+        self.hushed: set[int] = set()
 
     # --- what drivers ask -----------------------------------------------------------
 
@@ -285,8 +308,48 @@ class Reader:
             counters = self.counters.get(ring.key)
             if counters is not None:
                 counters[_WAKEUPS] += 1
+            if self.gather_below and self._gathers(ring):
+                continue
             added += self.drain(ring.key)
         self.clock.traffic()
+        return added
+
+    def _gathers(self, ring: Ring) -> bool:
+        """Leave this wakeup to the drain timer (a BPF ring buffer, batched wakeups).
+
+        The kernel wakes a ring buffer's reader only for a record committed at its
+        consumer position: a reader that does not catch up at once gets no more
+        wakeups while records gather, and the tick due ``max_latency`` after the
+        ring's last drain takes them all in one drain. Read at once a ring last
+        drained longer ago than that (wakeups are rare: reading costs no more
+        drains than the timer's), one above the threshold, and one whose last
+        drain took a sizeable span: at such rates wakeups are few per sample
+        anyway, and no wakeup would come to say the ring is filling.
+        """
+        key = ring.key
+        limit = self.gather_below
+        if (not self.clock.recently_drained(key) or self._last_span.get(key, 0) >= limit >> 2
+                or ring.pending_bytes() >= limit):
+            return False
+        self.gathering.add(key)
+        if self._hush is not None and key not in self.hushed:
+            # The drain that catches up gets the next record's wakeup: with records
+            # flowing the ticks find them anyway, so hold the wakeups back until a
+            # drain finds the ring empty (or a sizeable span).
+            self._hush(ring.handle, True)
+            self.hushed.add(key)
+        return True
+
+    def _unhush(self, ring: Ring) -> None:
+        self.hushed.discard(ring.key)
+        if self._hush is not None:
+            self._hush(ring.handle, False)
+
+    def drain_gathered(self) -> int:
+        """Drain the rings whose wakeup waits for the drain timer (a sync poll's timeout)."""
+        added = 0
+        for key in list(self.gathering):
+            added += self.drain(key)
         return added
 
     def _cpus_changed(self, gone: list[int], new: Sequence[Ring]) -> int:
@@ -335,6 +398,7 @@ class Reader:
                     orderer.looked(key, False)  # unseen: it may hold earlier events
             return 0
         self.stalled.discard(key)
+        self.gathering.discard(key)
         failure: BrokenRingError | None = None
         try:
             span = ring.take()
@@ -342,6 +406,11 @@ class Reader:
             for orderer in (self.orderer, self.array_orderer):
                 if orderer is not None:
                     orderer.looked(key, not span)
+            self._last_span[key] = len(span)
+            if self.hushed and key in self.hushed and (
+                not span or len(span) >= self.gather_below >> 2
+            ):
+                self._unhush(ring)  # idle again, or busy: wakeups from now on
             # Caught up at an earlier drain without an exact count: a lost record at
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after

@@ -48,8 +48,9 @@ class RingBufferSource(MapBackedSource):
     created (see [`aperf.Map.set_max_entries`][aperf.Map.set_max_entries]); ``pages``/``ring_bytes``
     must match it or be left out. Wakeups are the producer's choice
     (``BPF_RB_NO_WAKEUP``, ``BPF_RB_FORCE_WAKEUP``, or by default a wakeup when
-    the reader has caught up); the stream's ``wakeup`` setting only sets its
-    drain timer.
+    the reader has caught up); the stream's ``wakeup`` setting sets its drain
+    timer, and with a batched one (the default) a wakeup is read at the next
+    tick, so that records gather meanwhile without waking the reader again.
     """
 
     handle_kind: HandleKind = "fd"
@@ -58,6 +59,9 @@ class RingBufferSource(MapBackedSource):
     """``BPF_MAP_TYPE_RINGBUF`` (27): the ``aperf.Map.type`` of the maps it reads."""
 
     _takeover = "race it for the consumer position"  # what a second reader would do
+    wakes_when_caught_up = True
+    """The kernel's default wakeup comes only for a record at ``consumer_pos``: with
+    batched wakeups the reader lets records gather after a wakeup (docs/ringbuf.md)."""
 
     def __init__(
         self, source: maps.MapSpec, *, dropped: Callable[[], int] | None = None
@@ -146,6 +150,24 @@ class RingBufferSource(MapBackedSource):
             if fd == self._more_fd:
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(fd)
+
+    def hush_wakeups(self, handle: int, hushed: bool) -> None:
+        """Hold the kernel's wakeups back from the readiness handle (True), or pass them again.
+
+        The reader holds them back while records flow and its drain timer takes them:
+        a reader that catches up is woken by the very next record, and each wakeup
+        costs the loop far more than the record. Passing them again polls the map
+        fd: records already there are reported at once, none is missed.
+        """
+        epoll = self._epoll
+        if epoll is None or handle != epoll.fileno():
+            return
+        if hushed:
+            with contextlib.suppress(FileNotFoundError):
+                epoll.unregister(self._map_fd)
+        else:
+            with contextlib.suppress(FileExistsError):
+                epoll.register(self._map_fd, select.EPOLLIN | select.EPOLLET)
 
     def _give_up(self) -> bool:
         """Taken over: the ring and its consumer position are the taker's from now on.

@@ -304,6 +304,10 @@ class PerfBuffer(Generic[T]):
                     if handled:  # an ordered buffer may still hold what it took
                         return handled
                 if deadline is not None and time.monotonic() >= deadline:
+                    # A ring buffer's wakeup waits for the drain timer (records gather
+                    # meanwhile): within the timeout, not past it.
+                    if reader.gathering and reader.drain_gathered():
+                        return self._dispatch(reader)
                     return 0
 
     def consume(self) -> int:

@@ -517,6 +517,10 @@ ringbuf32 aperf.batches.raw@asyncio libbpf.ringbuf delivered_rate cpu_us_per_sam
 ringbuf-paced100k aperf.aiter.raw.lowest-latency@asyncio libbpf.ringbuf lat_p99_us cpu_us_per_sample
 ringbuf-paced100k aperf.aiter.raw@asyncio libbpf.ringbuf lat_p99_us cpu_us_per_sample
 ringbuf-paced100k aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_us_per_sample
+ringbuf-spaced100k aperf.aiter.raw@asyncio libbpf.ringbuf lat_p99_us cpu_us_per_sample
+ringbuf-spaced100k aperf.batches.raw@asyncio libbpf.ringbuf cpu_us_per_sample
+ringbuf-spaced100k aperf.sync.raw libbpf.ringbuf cpu_us_per_sample
+ringbuf-spaced100k aperf.aiter.raw@trio aperf.aiter.raw@asyncio cpu_us_per_sample
 """
 
 RATIO_FIGURES: dict[str, tuple[str, Callable[[float], str]]] = {
@@ -623,6 +627,8 @@ GROUP_TITLES = {
     "ringbuf32": "BPF ring buffer (2 x 128 pages, one ring), deterministic producer flat out, 32 B",
     "ringbuf-paced100k": "BPF ring buffer, paced at 100 k samples/s, 32 B (latency of every "
                          "sample)",
+    "ringbuf-spaced100k": "BPF ring buffer, records 10 us apart with the kernel's default "
+                          "wakeup (flags 0, bpf/paced.bpf.c), 16 B (latency of every sample)",
 }
 
 

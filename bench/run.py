@@ -47,6 +47,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 BPF_DIR = REPO / "bpf"
 GETPID_OBJECT = BPF_DIR / "bench_getpid.bpf.o"
+SPACED_OBJECT = BPF_DIR / "paced.bpf.o"
 CONSUMER_CPU = 0
 PRODUCER_CPU = 1
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-bpfcc lives there
@@ -236,7 +237,7 @@ class Consumer:
 # --- producers ----------------------------------------------------------------------------
 
 
-def produce(p: Producer, spec: dict[str, Any]) -> tuple[int, int]:
+def produce(p: Any, spec: dict[str, Any]) -> tuple[int, int]:
     """Run the deterministic producer on PRODUCER_CPU as ``spec`` says; (start, end) ns."""
     times: list[int] = []
     failure: list[BaseException] = []
@@ -267,6 +268,11 @@ def produce(p: Producer, spec: dict[str, Any]) -> tuple[int, int]:
                 time.sleep(pause)
         times.append(time.monotonic_ns())
 
+    def spaced() -> None:
+        times.append(time.monotonic_ns())
+        p.emit(spec["rate"], spec["seconds"], PRODUCER_CPU)
+        times.append(time.monotonic_ns())
+
     def idle() -> None:
         times.append(time.monotonic_ns())
         time.sleep(spec["seconds"])
@@ -275,7 +281,7 @@ def produce(p: Producer, spec: dict[str, Any]) -> tuple[int, int]:
     def run() -> None:
         os.sched_setaffinity(0, {PRODUCER_CPU})
         try:
-            {"burst": burst, "paced": paced, "idle": idle}[spec["kind"]]()
+            {"burst": burst, "paced": paced, "spaced": spaced, "idle": idle}[spec["kind"]]()
         except BaseException as exc:
             failure.append(exc)
 
@@ -298,10 +304,55 @@ def pinned(m: aperf.Map) -> Iterator[str]:
         m.unpin(path)
 
 
+class SpacedCounts:
+    def __init__(self, ok: int, failed: int) -> None:
+        self.ok, self.failed = ok, failed
+
+
+class SpacedProducer:
+    """bpf/paced.bpf.c: 16-byte records into its 1 MiB BPF ring buffer, spaced by the BPF
+    program itself, each with the kernel's default wakeup rule (flags 0, as most programs
+    do): a reader that caught up is woken by the next record. A batch emitted at once
+    (``Producer``) wakes it once; records spaced 10 us apart can wake it 100 k times a second.
+    """
+
+    RUN = 1000  # records per program run: 10 ms at 100 k/s, then back to user space
+
+    def __init__(self) -> None:
+        self._obj = aperf.BPFObject(SPACED_OBJECT)
+        self._obj.load()
+        self.map = self._obj.maps["ringbuf"]
+        self._pace = self._obj.maps["pace"]
+        self._prog = self._obj.programs["paced"].fd
+
+    def __enter__(self) -> SpacedProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._obj.close()
+
+    def counters(self) -> SpacedCounts:
+        ok, failed = (struct.unpack("<Q", self._obj.maps["counters"].lookup(
+            struct.pack("<I", i)))[0] for i in range(2))
+        return SpacedCounts(ok, failed)
+
+    def emit(self, rate: float, seconds: float, cpu: int) -> None:
+        from aperf import _libbpf as lb
+
+        total, gap_ns, sent = int(rate * seconds), int(1e9 / rate), 0
+        while sent < total:
+            count = min(self.RUN, total - sent)
+            self._pace.update(struct.pack("<I", 0), struct.pack("<QQQ", count, gap_ns, sent))
+            if lb.test_run_on_cpu(self._prog, cpu) != 0:
+                raise BenchError("bpf/paced.bpf.c refused its configuration")
+            sent += count
+
+
 def run_deterministic(env: Environment, sc: Scenario, tmp: Path) -> dict[str, Any]:
     ring = sc.producer.get("ring", "perf")
-    with Producer(ring=ring, ringbuf_bytes=sc.producer.get("ringbuf_bytes")) as p, \
-            pinned(p.map) as map_path:
+    maker: Any = (SpacedProducer if sc.producer["kind"] == "spaced" else
+                  lambda: Producer(ring=ring, ringbuf_bytes=sc.producer.get("ringbuf_bytes")))
+    with maker() as p, pinned(p.map) as map_path:
         consumer = Consumer(env, sc, map_path, tmp)
         with consumer.running():
             before = p.counters()

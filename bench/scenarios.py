@@ -263,6 +263,17 @@ def all_scenarios(quick: bool) -> list[Scenario]:
                       "size": 32, "period": 0.001, **rb}, extra={"lat_every": 1})
             for c in ringbuf]
 
+    # 3c. Issue 23: records spaced 10 us apart by the BPF program (bpf/paced.bpf.c), each
+    # with the kernel's default ring buffer wakeup (flags 0): a reader that catches up is
+    # woken by the next record, up to 100 k wakeups a second. libbpf C reads at each one.
+    spaced = [aperf("aiter"), aperf("aiter", loop="uvloop"), aperf("aiter", loop="trio"),
+              aperf("batches"), aperf("sync"), aperf("aiter", wakeup="lowest-latency"),
+              LIBBPF_RINGBUF]
+    out += [Scenario("ringbuf-spaced100k", c,
+                     {"kind": "spaced", "rate": 100_000, "seconds": 1.0 if quick else 3.0,
+                      "size": 16, "ring": "ringbuf"}, extra={"lat_every": 1})
+            for c in spaced]
+
     # 4. A real workload: getpid() traced by a tracepoint program (issue 6: its slowdown).
     seconds = 1.0 if quick else 2.0
     py_consumers = [

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import threading
+from asyncio.selector_events import BaseSelectorEventLoop
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +27,19 @@ from .base import HandleKind, OnHandle
 
 if TYPE_CHECKING:
     from .._ebpfwin import HandleWaiterThread
+    from .._libbpf import TimerFd
 
 
 class AsyncioBinding:
-    """asyncio and uvloop: ``add_reader`` per fd, ``call_at`` for the drain timer."""
+    """asyncio and uvloop: ``add_reader`` per fd; the drain timer with ``call_at``, or on
+    asyncio's selector loop on Linux, a timerfd.
+
+    The selector loop rounds a timer's wait up to the millisecond, from when it
+    computes it, after the consumer's work: the 1 ms drain timer fired about 1.2 ms
+    apart (median 0.2 ms late, 1 ms at p99 here), and samples waited that much
+    longer. A timerfd armed for the deadline fires within tens of microseconds of
+    it. uvloop's timers are not rounded up: they stay.
+    """
 
     kind: HandleKind = "fd"
 
@@ -41,6 +52,11 @@ class AsyncioBinding:
         self._waiter: asyncio.Future[None] | None = None
         self._thread = threading.get_ident()
         self.time = loop.time
+        self._timerfd: TimerFd | None = None  # made by the first schedule()
+        # The selector loop's wait is rounded up (uvloop's is not: its timers stay).
+        self._timerfd_wanted = (kind == "fd" and sys.platform == "linux"
+                                and isinstance(loop, BaseSelectorEventLoop))
+        self._timer_callback: Callable[[], None] | None = None
 
     def watch(
         self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
@@ -60,14 +76,45 @@ class AsyncioBinding:
                 self._loop.remove_reader(handle)
 
     def schedule(self, at: float | None, callback: Callable[[], None]) -> None:
+        timerfd = self._timerfd
+        if timerfd is None and self._timerfd_wanted:
+            timerfd = self._timerfd = self._make_timerfd()
+        if timerfd is not None:
+            self._timer_callback = None if at is None else callback
+            timerfd.arm(None if at is None else at - self.time())
+            return
         self._cancel_timer()
         if at is not None:
             self._timer = self._loop.call_at(at, callback)
+
+    def _make_timerfd(self) -> TimerFd:
+        from .._libbpf import TimerFd
+
+        timerfd = TimerFd()
+        try:
+            self._loop.add_reader(timerfd.fd, self._timer_fired)
+        except BaseException:
+            timerfd.close()
+            raise
+        return timerfd
+
+    def _timer_fired(self) -> None:
+        timerfd, callback = self._timerfd, self._timer_callback
+        if timerfd is not None and timerfd.expired() and callback is not None:
+            self._timer_callback = None
+            callback()
 
     def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
+        timerfd, self._timerfd = self._timerfd, None
+        self._timerfd_wanted = False  # stopped: call_at from now on
+        self._timer_callback = None
+        if timerfd is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(timerfd.fd)
+            timerfd.close()
 
     async def wait(self) -> None:
         if self._waiter is not None:

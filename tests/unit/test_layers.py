@@ -33,9 +33,11 @@ FLOORS = {
 # vocabulary the seam uses; the loops' bindings sit with the drivers).
 SPLIT = {"_waiting"}
 # __init__ re-exports; testing's Producer runs a program through the binding. _ebpfwin
-# has its own binding and shares only _prototypes (MapInfo) with libbpf's.
+# has its own binding and shares only _prototypes (MapInfo) with libbpf's. The asyncio
+# binding takes libc's timerfd from there (ctypes lives only there), not libbpf.
 BINDING_USERS = {
     "_object", "_btf", "_map_spec", "_perf_source", "testing", "__init__",
+    "_waiting.asyncio",
 }
 # The map-backed sources are siblings: none imports another (they share _map_spec and
 # the seam). The fake is a perf ring and takes the perf source's wakeup settings.
