@@ -115,6 +115,28 @@ async def test_overfilled_small_ring_counts_every_sample(producer: Producer) -> 
     assert sum(lost) == counters.failed
 
 
+@pytest.mark.parametrize("size", [32, 256])
+def test_spans_that_wrap_around_the_ring(producer: Producer, size: int) -> None:
+    """A one-page ring read many times over: spans cross its end in every place; the
+    records before and after the end are viewed, the one across it copied."""
+    record = RECORD32 if size == 32 else 272
+    counts = [1 + (7 * i) % (4096 // record) for i in range(120)]
+    with aperf.PerfBuffer(producer.map, pages=1, decoder=decoder(size), cpus=[0],
+                          on_array=print) as pb:
+        seq = 0
+        in_place = 0
+        for count in counts:
+            producer.emit(count, size=size, cpu=0)
+            got: dict[int, list[Any]] = {}
+            lost: list[int] = []
+            with pb.lease(timeout_ms=1000) as batch:
+                in_place += seqs_of(batch, got, lost)
+            assert not lost
+            assert np.concatenate(got[0]).tolist() == list(range(seq, seq + count))
+            seq += count
+        assert in_place > len(counts)  # wrapped spans are viewed on both sides of the end
+
+
 @pytest.mark.anyio
 async def test_lease_holds_the_ring_space_until_it_ends(producer: Producer) -> None:
     """A one-page ring, full, leased: the producer fails until the lease ends."""
