@@ -273,8 +273,7 @@ class Lease:
                     item._source = None
                     item.__class__ = _EndedArray
             batch.clear()
-        # Rings added by CPU hotplug during the lease, too.
-        for ring in {*self._rings, *enable(self._reader)}:
+        for ring in self._rings:
             ring.release()
 
 
