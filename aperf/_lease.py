@@ -45,9 +45,22 @@ from ._source import Segment
 
 _getrefcount = sys.getrefcount
 _RECORD_SIZE = struct.Struct("<H")  # perf_event_header.size, at byte 6
-# References to a pin while ``LeaseRing.release`` looks at it: the holds entry, the
-# loop's variable and getrefcount's argument. More: something still views it.
-_PIN_UNUSED = 3
+
+
+def _count_unused() -> int:
+    """The reference count ``LeaseRing.release`` sees for a pin nothing else holds (the
+    holds entry, the loop's variable, getrefcount's argument: 3 on CPython 3.11; taken
+    the same way here, so that an interpreter borrowing references differently agrees).
+    More than that: something still views the span."""
+    holds = deque([(0, object())])
+    _end, pin = holds[0]
+    return _getrefcount(pin)
+
+
+_PIN_UNUSED = _count_unused()
+# Without the GIL (free-threaded CPython) reference counts are deferred and per thread:
+# they cannot say that nothing views a span, so leases copy there.
+_IN_PLACE = getattr(sys, "_is_gil_enabled", lambda: True)()
 _ENDED = ("this array's lease ended: its ring memory was released. Keep what you need "
           "while the lease is held (arr.values.copy())")
 
@@ -214,6 +227,8 @@ def enable(reader: Reader) -> list[LeaseRing]:
     if reader.split.__class__ is not _LeaseSplit:
         reader.split = _LeaseSplit(reader.split)
     leased: list[LeaseRing] = []
+    if not _IN_PLACE:
+        return leased
     for ring in list(reader.rings.values()):
         if ring.__class__ is LeaseRing:
             leased.append(ring)

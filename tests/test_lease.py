@@ -204,6 +204,26 @@ async def test_a_kept_view_keeps_its_records_and_the_item_raises(producer: Produ
         assert counts == {"received": counters.ok - 100, "lost": counters.failed}
 
 
+@pytest.mark.anyio
+async def test_other_rings_are_read_while_a_lease_is_held(producer: Producer) -> None:
+    """A lease holds only its spans: a lease taken inside it reads and releases another
+    ring's new samples, the outer one's ring stays held until the outer lease ends."""
+    async with aperf.PerfStream(producer.map, pages=4, decoder=decoder(32),
+                                cpus=[0, 1]) as stream:
+        producer.emit(10, size=32, cpu=0)
+        rings = stream._reader.rings
+        async with stream.lease() as outer:
+            assert [(a.cpu, len(a)) for a in outer] == [(0, 10)]
+            producer.emit(20, size=32, cpu=1)
+            async with stream.lease() as inner:
+                assert [(a.cpu, a.values["seq"].tolist()) for a in inner] == [
+                    (1, list(range(10, 30)))]
+            assert rings[1].held_bytes() == 0
+            assert rings[0].held_bytes() == 10 * RECORD32
+            assert outer[0].values["seq"].tolist() == list(range(10))
+        assert rings[0].held_bytes() == 0
+
+
 def run_script(body: str) -> str:
     """Run ``body`` in a fresh interpreter (a crash there is a failed test, not ours)."""
     script = textwrap.dedent(f"""\
