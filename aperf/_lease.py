@@ -18,33 +18,27 @@ A lease hands out what is queued (``take_arrays``); when it ends, every
 the batch list is emptied, and each ring's ``data_tail`` is stored once, past
 every span nothing references any more.
 
-A span that wraps around the end of the ring is viewed on both sides of the end,
-the one record across it copied (``LeaseRing._wrapped``); a ring that
+A span that wraps around the end of the ring is copied (cheaper, measured, than
+viewing both sides and copying the record across the end); a ring that
 is not a directly mapped perf ring (a BPF ring buffer, libbpf's own reader on
 other architectures, a fake) is read as ``arrays()`` reads it: copied.
 """
 
 from __future__ import annotations
 
-import struct
 import sys
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ._columnar import _RunFinder
 from ._errors import BrokenRingError, ClosedResourceError
 from ._events import SampleArray
 from ._libbpf._shared_ring import SharedRingMapping
-from ._perf_format import HEADER_SIZE, split_span
 from ._perf_source import _KernelPerfRing
 from ._reader import Reader
-from ._source import Segment
 
 _getrefcount = sys.getrefcount
-_RECORD_SIZE = struct.Struct("<H")  # perf_event_header.size, at byte 6
 
 
 def _count_unused() -> int:
@@ -127,45 +121,13 @@ class LeaseRing:
             pin = _pin(mapping, start, length)
             self._holds.append((head, pin))
             return pin  # type: ignore[return-value]  # bytes-like: what split() needs
-        return self._wrapped(cursor, start, length)  # type: ignore[return-value]
-
-    def _wrapped(self, cursor: int, start: int, length: int) -> _Parsed:
-        """A span that wraps around the end of the ring: viewed up to the last whole
-        record before the end, the record that straddles the end copied, the rest
-        viewed from the start of the ring. Parsed here: where the first view ends is
-        known once its records are."""
-        mapping, key = self._mapping, self.key
-        first = self._mask + 1 - start
-        pin_a = _pin(mapping, start, first)
-        cut: list[int] = []
-        segments, other = split_span(key, pin_a, _RunFinder(), cut)  # type: ignore[arg-type]
-        try:
-            at = cut[0] if cut else first
-            rest = first - at  # bytes of the straddling record before the end
-            b_start = 0
-            if rest:
-                header = mapping.copy(start + at, min(rest, HEADER_SIZE))
-                header += mapping.copy(0, HEADER_SIZE - len(header))
-                record_size = _RECORD_SIZE.unpack_from(header, 6)[0]
-                if record_size < HEADER_SIZE or at + record_size > length:
-                    raise BrokenRingError(key, f"record at the end of the ring claims size "
-                                               f"{record_size} of {length - at}")
-                b_start = record_size - rest
-                record = mapping.copy(start + at, rest) + mapping.copy(0, b_start)
-                more, skipped = split_span(key, record, _RunFinder())
-                segments += more
-                other += skipped
-            self._holds.append((cursor + first + b_start, pin_a))
-            if length - first > b_start:
-                pin_b = _pin(mapping, b_start, length - first - b_start)
-                more, skipped = split_span(key, pin_b, _RunFinder())  # type: ignore[arg-type]
-                segments += more
-                other += skipped
-                self._holds.append((cursor + length, pin_b))
-        except BrokenRingError as exc:
-            exc.partial = segments + (exc.partial or [])
-            raise
-        return _Parsed(segments, other, length)
+        # Wrapped: copied. Measured, that is cheaper than viewing both sides of the end
+        # and copying the record across it (two NumPy run checks instead of one).
+        first = size - start
+        span = mapping.copy(start, first) + mapping.copy(0, length - first)
+        self._holds.append((head, None))
+        self.release()
+        return span
 
     def release(self) -> None:
         """Store ``data_tail`` past the spans that nothing views any more (in order)."""
@@ -191,41 +153,10 @@ class LeaseRing:
         return self._inner.lost_total()
 
 
-class _Parsed:
-    """A wrapped span, parsed by the ring (``LeaseRing._wrapped``): ``_LeaseSplit`` hands
-    its segments over; its length is the span's."""
-
-    __slots__ = ("length", "other", "segments")
-
-    def __init__(self, segments: list[Segment], other: int, length: int) -> None:
-        self.segments = segments
-        self.other = other
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-
-class _LeaseSplit:
-    """A reader's ``split`` once its rings are leased: a wrapped span comes parsed."""
-
-    __slots__ = ("_split",)
-
-    def __init__(self, split: Callable[[int, bytes], tuple[list[Segment], int]]) -> None:
-        self._split = split
-
-    def __call__(self, key: int, span: Any) -> tuple[list[Segment], int]:
-        if span.__class__ is _Parsed:
-            return span.segments, span.other
-        return self._split(key, span)
-
-
 def enable(reader: Reader) -> list[LeaseRing]:
     """Read ``reader``'s directly mapped perf rings in place from now on (idempotent:
     rings added since, by CPU hotplug, are switched too); its leased rings."""
     reader.columns()
-    if reader.split.__class__ is not _LeaseSplit:
-        reader.split = _LeaseSplit(reader.split)
     leased: list[LeaseRing] = []
     if not _IN_PLACE:
         return leased

@@ -104,7 +104,7 @@ def uniform_run_end(span: bytes, pos: int, size: int, end: int) -> int:
 
 
 def split_span(
-    cpu: int, span: bytes, run_end: RunEnd = uniform_run_end, cut: list[int] | None = None
+    cpu: int, span: bytes, run_end: RunEnd = uniform_run_end
 ) -> tuple[list[Segment], int]:
     """Parse a span into segments, in ring order, and count the other records (skipped).
 
@@ -115,14 +115,12 @@ def split_span(
     saying they all have one size, or a lost count (``int``). ``run_end`` finds
     where a run ends (a NumPy version serves columnar consumers). Raises
     ``BrokenRingError`` on a record that does not fit; its ``partial``
-    holds the segments before it, which are intact. With a ``cut`` list, a record
-    that reaches past the end of the span ends the parse instead: its offset is
-    appended to ``cut`` (a lease views a ring up to its end, where records wrap).
+    holds the segments before it, which are intact.
     """
     segments: list[Segment] = []
     single: list[bytes] = []  # samples parsed one at a time, not yet a segment
     try:
-        other = _split(cpu, span, segments, single, run_end, cut)
+        other = _split(cpu, span, segments, single, run_end)
     except BrokenRingError as exc:
         if single:
             segments.append((single, False))
@@ -134,8 +132,7 @@ def split_span(
 
 
 def _split(
-    cpu: int, span: bytes, segments: list[Segment], single: list[bytes], run_end: RunEnd,
-    cut: list[int] | None = None,
+    cpu: int, span: bytes, segments: list[Segment], single: list[bytes], run_end: RunEnd
 ) -> int:
     other = 0
     end = len(span)
@@ -145,15 +142,9 @@ def _split(
     unpack_raw = _RAW_SIZE.unpack_from
     while pos < end:
         if end - pos < HEADER_SIZE:
-            if cut is not None:
-                cut.append(pos)
-                return other
             raise BrokenRingError(cpu, f"{end - pos} trailing bytes are shorter than a header")
         kind, _misc, size = unpack_header(span, pos)
         if size < HEADER_SIZE or pos + size > end:
-            if cut is not None and size >= HEADER_SIZE:
-                cut.append(pos)
-                return other
             raise BrokenRingError(cpu, f"record at byte {pos} claims size {size} of {end - pos}")
         if kind == PERF_RECORD_SAMPLE:
             if size < 12:

@@ -662,7 +662,8 @@ class PerfStream(Generic[T]):
         """
         max_rows = _check_max_rows(max_rows)
         reader = self._require_open()
-        reader.columns()  # NumPy and a decoder with a layout, now
+        if reader._columns is None:
+            reader.columns()  # NumPy and a decoder with a layout, now
         from ._lease import AsyncLease
 
         return AsyncLease(self, reader, max_rows)
