@@ -224,6 +224,31 @@ async def test_other_rings_are_read_while_a_lease_is_held(producer: Producer) ->
         assert rings[0].held_bytes() == 0
 
 
+@pytest.mark.anyio
+async def test_other_consumers_after_a_lease(producer: Producer) -> None:
+    """After a stream's first lease, events and arrays() still come out exact: events
+    are built from (copied out of) the ring, arrays view it."""
+    async with aperf.PerfStream(producer.map, pages=4, decoder=decoder(32),
+                                cpus=[0]) as stream:
+        producer.emit(5, size=32, cpu=0)
+        async with stream.lease() as batch:
+            assert batch[0].values["seq"].tolist() == list(range(5))
+        producer.emit(5, size=32, cpu=0)
+        events = []
+        with anyio.fail_after(20):
+            async for event in stream:
+                events.append(event)
+                if len(events) == 5:
+                    break
+        assert [e.value.seq for e in events] == list(range(5, 10))
+        assert all(type(e.data) is bytes and len(e.data) == 36 for e in events)
+        producer.emit(5, size=32, cpu=0)
+        with anyio.fail_after(20):
+            item = await stream.arrays().__anext__()
+        assert isinstance(item.values.base, _Pin)
+        assert item.values["seq"].tolist() == list(range(10, 15))
+
+
 def run_script(body: str) -> str:
     """Run ``body`` in a fresh interpreter (a crash there is a failed test, not ours)."""
     script = textwrap.dedent(f"""\
