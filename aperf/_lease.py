@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ._columnar import ArrayItem
 from ._errors import BrokenRingError, ClosedResourceError
 from ._events import SampleArray
 from ._libbpf._shared_ring import SharedRingMapping
@@ -233,7 +234,7 @@ class AsyncLease:
         self._reader = reader
         self._lease = Lease(reader, max_rows)
 
-    async def __aenter__(self) -> list[Any]:
+    async def __aenter__(self) -> list[ArrayItem]:
         stream, lease = self._stream, self._lease
         while True:
             batch = stream._take_arrays(self._reader, lease.max_rows)
@@ -256,7 +257,7 @@ class SyncLease:
         self._timeout = timeout_ms
         self._lease = Lease(reader, max_rows)
 
-    def __enter__(self) -> list[Any]:
+    def __enter__(self) -> list[ArrayItem]:
         lease = self._lease
         return lease.started(self._buffer._lease_batch(lease.max_rows, self._timeout))
 
