@@ -165,7 +165,10 @@ def enable(reader: Reader) -> list[LeaseRing]:
         if ring.__class__ is LeaseRing:
             leased.append(ring)
         elif ring.__class__ is _KernelPerfRing:
-            lease_ring = LeaseRing(ring)
+            try:
+                lease_ring = LeaseRing(ring)
+            except (OSError, ValueError):
+                continue  # the kernel would not map it again: this ring is copied
             reader.swap_ring(lease_ring)
             leased.append(lease_ring)
     return leased

@@ -22,8 +22,6 @@ import os
 import threading
 import weakref
 
-from .._errors import ClosedResourceError
-
 PAGE_SIZE = mmap.PAGESIZE
 _PROT_RW = 0x1 | 0x2
 _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
@@ -53,7 +51,7 @@ class SharedRingMapping:
         self._tail = ctypes.c_uint64.from_buffer(self.mapping, 1032)
         data_offset, data_size = (ctypes.c_uint64 * 2).from_buffer(self.mapping, 1040)
         if data_size != size or data_offset + data_size > len(self.mapping):
-            raise ClosedResourceError(f"perf ring of {data_size} bytes mapped as {size}")
+            raise ValueError(f"perf ring of {data_size} bytes mapped as {size}")
         self.data_offset = int(data_offset)
         self.size = size
         _register(self.mapping)
