@@ -372,6 +372,17 @@ class Reader:
             self._watch.append(ring.handle)
         return added
 
+    def swap_ring(self, ring: Ring) -> None:
+        """Put ``ring`` in place of the live ring with its key and handle (a lease reads
+        it in place: ``_lease.LeaseRing``)."""
+        old = self.rings.get(ring.key)
+        if old is None:
+            return
+        self.rings[ring.key] = ring
+        self._handles[ring.handle] = [
+            ring if r is old else r for r in self._handles.get(ring.handle, [])
+        ]
+
     def handle_changes(self) -> tuple[list[int], list[int]]:
         """Handles to watch (new rings) and to forget (retired rings) since the last call."""
         watch, forget = self._watch, self._forget

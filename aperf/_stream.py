@@ -12,8 +12,9 @@ import threading
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from functools import partial
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from ._callbacks import Handlers, check_callback
 from ._errors import BusyResourceError, ClosedResourceError
@@ -27,6 +28,9 @@ from ._setup import ReaderOptions, SourceSpec, check_arrays_order
 from ._source import set_paused
 from ._waiting import current_binding
 from ._waiting.base import LoopBinding
+
+if TYPE_CHECKING:
+    from ._columnar import ArrayItem
 
 Callback = Callable[[Any], Any]
 I = TypeVar("I")  # noqa: E741 - what an iterator hands out
@@ -666,6 +670,30 @@ class PerfStream(Generic[T]):
         reader = self._require_open()
         reader.columns()
         return _Items(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))
+
+    def lease(self, max_rows: int | None = None) -> AsyncContextManager[list[ArrayItem]]:
+        """Columnar batches that view the rings' memory in place, for as long as the
+        lease is held: ``async with stream.lease() as batch: ...``.
+
+        ``batch`` is a list of ``aperf.SampleArray``, ``aperf.Lost`` and
+        ``aperf.BadSample`` items, in stream order, as ``arrays()`` yields them (at
+        most ``max_rows`` rows per array); entering waits for data as ``arrays()``
+        does; an empty batch: the stream is closed and has nothing left. The
+        arrays of a run view the ring itself; that ring space goes back to the
+        kernel when the lease ends, and not before nothing views it: when the lease
+        ends, the batch is emptied and its arrays raise ``ClosedResourceError``; a
+        NumPy array taken out of one and kept still shows its own records and holds
+        its ring space until it is dropped (``.copy()`` what you keep). Needs NumPy
+        and a decoder with a layout, as ``arrays()`` does. See docs/columnar.md,
+        "Leases".
+        """
+        max_rows = _check_max_rows(max_rows)
+        reader = self._require_open()
+        if reader._columns is None:
+            reader.columns()  # NumPy and a decoder with a layout, now
+        from ._lease import AsyncLease
+
+        return AsyncLease(self, reader, max_rows)
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()

@@ -11,7 +11,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, overload
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from ._callbacks import Handlers
 from ._errors import ClosedResourceError
@@ -23,7 +24,13 @@ from ._overwrite import snapshot
 from ._reader import DEFAULT_BATCH, Reader
 from ._setup import ReaderOptions, SourceSpec, check_arrays_order
 from ._source import set_paused
+from ._stream import _check_max_rows
 from ._waiting import handle_waiter
+
+if TYPE_CHECKING:
+    from ._lease import SyncLease
+
+R = TypeVar("R")  # what a wait for events gives: events handled, or a lease's batch
 
 
 class PerfBuffer(Generic[T]):
@@ -276,39 +283,70 @@ class PerfBuffer(Generic[T]):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
             reader = self._require_open()
+            return self._wait_for(reader, timeout_ms, partial(self._dispatch, reader), 0)
+
+    def _wait_for(self, reader: Reader, timeout_ms: float, take: Callable[[], R],
+                  nothing: R) -> R:  # under self._lock
+        """Wait up to ``timeout_ms`` until ``take()`` gives something (an ordered buffer
+        may hold events it cannot release yet); what it gave, or ``nothing``."""
+        if reader.has_events():
+            got = take()
+            if got:
+                return got
+        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+        while True:
+            now = time.monotonic()
+            wait = -1.0 if deadline is None else max(0.0, deadline - now)
+            tick_at = reader.deadline
+            ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
+            if tick_at is not None and ticking:
+                wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
+            ready = self._waiter.wait(wait)
+            if self._closing:
+                raise ClosedResourceError("this PerfBuffer was closed while polling")
+            for handle in ready:
+                reader.on_ready(handle)
+            watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
+            for handle in forget:
+                self._waiter.forget(handle)
+            for handle in watch:
+                self._waiter.watch(handle)
+                reader.drain_all()  # what the new ring got before it was watched
+            if ticking and tick_at is not None and time.monotonic() >= tick_at:
+                reader.tick()
             if reader.has_events():
-                return self._dispatch(reader)
-            deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
-            while True:
-                now = time.monotonic()
-                wait = -1.0 if deadline is None else max(0.0, deadline - now)
-                tick_at = reader.deadline
-                ticking = tick_at is not None and (wait < 0 or tick_at - now < wait)
-                if tick_at is not None and ticking:
-                    wait = max(0.0, tick_at - now)  # batched wakeups: look at the rings then
-                ready = self._waiter.wait(wait)
-                if self._closing:
-                    raise ClosedResourceError("this PerfBuffer was closed while polling")
-                for handle in ready:
-                    reader.on_ready(handle)
-                watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
-                for handle in forget:
-                    self._waiter.forget(handle)
-                for handle in watch:
-                    self._waiter.watch(handle)
-                    reader.drain_all()  # what the new ring got before it was watched
-                if ticking and tick_at is not None and time.monotonic() >= tick_at:
-                    reader.tick()
-                if reader.has_events():
-                    handled = self._dispatch(reader)
-                    if handled:  # an ordered buffer may still hold what it took
-                        return handled
-                if deadline is not None and time.monotonic() >= deadline:
-                    # A ring buffer's wakeup waits for the drain timer (records gather
-                    # meanwhile): within the timeout, not past it.
-                    if reader.gathering and reader.drain_gathered():
-                        return self._dispatch(reader)
-                    return 0
+                got = take()
+                if got:
+                    return got
+            if deadline is not None and time.monotonic() >= deadline:
+                # A ring buffer's wakeup waits for the drain timer (records gather
+                # meanwhile): within the timeout, not past it.
+                if reader.gathering and reader.drain_gathered():
+                    return take()
+                return nothing
+
+    def lease(self, max_rows: int | None = None, timeout_ms: float = -1) -> SyncLease:
+        """Columnar batches that view the rings' memory in place while the lease is held:
+        ``with perf_buffer.lease() as batch: ...``, as ``PerfStream.lease()`` (the
+        callbacks are not called). Entering waits up to ``timeout_ms`` (negative: for
+        ever) for data, as ``poll()`` does; the batch is empty if none came.
+        """
+        max_rows = _check_max_rows(max_rows)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
+            raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
+        with self._lock:
+            reader = self._require_open()
+            reader.columns()  # NumPy and a decoder with a layout, now
+            from ._lease import SyncLease
+
+            return SyncLease(self, reader, max_rows, timeout_ms)
+
+    def _lease_batch(self, max_rows: int | None, timeout_ms: float) -> list[Any]:
+        with self._lock:
+            reader = self._require_open()
+            nothing: list[Any] = []
+            return self._wait_for(reader, timeout_ms, partial(reader.take_arrays, max_rows),
+                                  nothing)
 
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""

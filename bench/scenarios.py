@@ -68,6 +68,8 @@ MODE_LABELS = {
     "arrays": "columnar arrays()",
     "on_array": "columnar callback on_array",
     "sync_array": "columnar sync PerfBuffer(on_array=).poll",
+    "lease": "columnar lease() (in place)",
+    "sync_lease": "columnar sync PerfBuffer.lease() (in place)",
 }
 
 
@@ -157,6 +159,9 @@ COLUMNAR = [aperf("arrays", "btf"), aperf("arrays", "btf", loop="uvloop"),
             aperf("arrays", "btf", wakeup="throughput"),
             aperf("arrays", "btf", loop="uvloop", wakeup="throughput"), LIBBPF_THROUGHPUT]
 CTYPES_DECODED = [aperf("aiter", "ctypes")]
+# Issue 23: leases, columnar batches viewing the rings in place, next to arrays().
+LEASES = [aperf("lease", "btf"), aperf("lease", "btf", loop="uvloop"),
+          aperf("sync_lease", "btf"), aperf("lease", "btf", wakeup="throughput")]
 
 
 def per_sample(c: dict[str, Any]) -> bool:
@@ -193,10 +198,11 @@ def all_scenarios(quick: bool) -> list[Scenario]:
             LIBBPF_MATCHED,
             LIBBPF_PER_SAMPLE,
         ]
-        consumers += COLUMNAR + CTYPES_DECODED + ORDERED
+        consumers += COLUMNAR + CTYPES_DECODED + ORDERED + LEASES
         if quick and size == 256:
             consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
-                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED, *COLUMNAR[:2]]
+                         aperf("callback"), aperf("sync"), LIBBPF_MATCHED, *COLUMNAR[:2],
+                         *LEASES]
         if size == 256:
             consumers = [c for c in consumers if c.get("loop") != "trio"]
         # A wakeup per sample holds the producer near 110 k/s: fewer samples for those.
@@ -308,6 +314,7 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         *COLUMNAR,
         *CTYPES_DECODED,
         aperf("arrays", "ctypes"),
+        *LEASES,
     ]
     if quick:
         py_consumers = [c for c in py_consumers if c not in (bcc("count", 1),)]

@@ -9,7 +9,8 @@ SPEC_JSON fields:
              (run(on_sample)), "on_batch" (run_batches(on_batch)), "sync" (PerfBuffer.poll),
              "slow" (async for that sleeps 1 ms at every timed sample, for the memory
              scenario); columnar (NumPy arrays): "arrays" (stream.arrays()), "on_array"
-             (run_arrays(on_array)), "sync_array" (PerfBuffer(on_array=...).poll)
+             (run_arrays(on_array)), "sync_array" (PerfBuffer(on_array=...).poll), "lease"
+             (async with stream.lease() as batch), "sync_lease" (with PerfBuffer.lease())
   loop       "asyncio", "uvloop" or "trio" (all three through anyio.run; the consumer
              code is the same, aperf picks its loop binding)
   decoder    null (raw bytes), "btf" (from_btf on bench_getpid.bpf.o), "struct",
@@ -232,6 +233,8 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         # A columnar consumer sets up (and imports NumPy) before it says it is ready: a
         # program imports its libraries at start.
         arrays = stream.arrays() if mode in ("arrays", "on_array") else None
+        if mode == "lease":
+            stream.lease()  # switches the rings to in-place reads; not entered
         t.ready()
         if mode in ("aiter", "slow"):
             await consume_aiter(stream, t, ts_of, SLOW_PAUSE if mode == "slow" else 0.0)
@@ -248,6 +251,14 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
         elif mode == "on_array":
             count_item = array_counter(t)
             await stream.run_arrays(count_item, on_lost=count_item)
+        elif mode == "lease":
+            count_item = array_counter(t)
+            while True:
+                async with stream.lease() as batch:
+                    if not batch:
+                        break  # closed, nothing left
+                    for item in batch:
+                        count_item(item)
         elif arrays is not None:
             count_item = array_counter(t)
             async for item in arrays:
@@ -261,7 +272,7 @@ async def run_async(spec: dict[str, Any], t: Tally, rss: list[tuple[float, int]]
 def run_sync(spec: dict[str, Any], t: Tally) -> aperf.StreamStatistics:
     finished = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: finished.set())
-    if spec["mode"] == "sync_array":
+    if spec["mode"] in ("sync_array", "sync_lease"):
         count_item = array_counter(t)
         callbacks = {"on_array": count_item, "on_lost": count_item}
     else:
@@ -269,7 +280,12 @@ def run_sync(spec: dict[str, Any], t: Tally) -> aperf.StreamStatistics:
     with aperf.PerfBuffer(spec["map"], **ring_options(spec), **callbacks) as pb:
         t.ready()
         while not finished.is_set():
-            pb.poll(timeout_ms=10)
+            if spec["mode"] == "sync_lease":
+                with pb.lease(timeout_ms=10) as batch:
+                    for item in batch:
+                        callbacks["on_array"](item)
+            else:
+                pb.poll(timeout_ms=10)
         pb.consume()
         return pb.statistics()
 
@@ -278,7 +294,7 @@ def main() -> None:
     spec = start()
     t = Tally(spec.get("lat_every", 64))
     rss: list[tuple[float, int]] = []
-    if spec["mode"] in ("sync", "sync_array"):
+    if spec["mode"] in ("sync", "sync_array", "sync_lease"):
         stats = run_sync(spec, t)
     else:
         backend, options = LOOPS[spec["loop"]]

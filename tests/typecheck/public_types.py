@@ -67,6 +67,18 @@ async def callbacks() -> None:
     assert_type(await typed.run_arrays(on_array, on_lost=on_lost, max_rows=64), None)
 
 
+async def leases() -> None:
+    stream = aperf.PerfStream(FakeRingSource(), decoder=struct.Struct("<Q"))
+    async with stream.lease(max_rows=64) as batch:
+        assert_type(batch, list[aperf.SampleArray | aperf.Lost | aperf.BadSample])
+
+    def on_array(array: aperf.SampleArray) -> None: ...
+
+    buffer = aperf.PerfBuffer(FakeRingSource(), decoder=struct.Struct("<Q"), on_array=on_array)
+    with buffer.lease(timeout_ms=10) as items:
+        assert_type(items, list[aperf.SampleArray | aperf.Lost | aperf.BadSample])
+
+
 def sync() -> None:
     def on_sample(sample: aperf.Sample[int]) -> None: ...
 

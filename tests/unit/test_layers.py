@@ -24,7 +24,7 @@ FLOORS = {
     "_multi": 3,
     "_reader": 4, "_overwrite": 4,
     "_setup": 5, "_lifetime": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,
-    "_waiting.epoll": 5, "_user_ringbuf": 5,
+    "_waiting.epoll": 5, "_user_ringbuf": 5, "_lease": 5,
     "_stream": 6, "_sync": 6, "_signals": 6,
     "__init__": 7, "abc": 7, "decoders": 7, "testing": 7, "_natsargs": 7,
     "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
@@ -32,11 +32,12 @@ FLOORS = {
 # Subpackages whose modules sit on floors of their own (the waiting protocols are
 # vocabulary the seam uses; the loops' bindings sit with the drivers).
 SPLIT = {"_waiting"}
-# __init__ re-exports; testing's Producer runs a program through the binding. _ebpfwin
+# __init__ re-exports; testing's Producer runs a program through the binding; a lease
+# maps perf rings a second time through it (_libbpf/_shared_ring.py). _ebpfwin
 # has its own binding and shares only _prototypes (MapInfo) with libbpf's. The asyncio
 # binding takes libc's timerfd from there (ctypes lives only there), not libbpf.
 BINDING_USERS = {
-    "_object", "_btf", "_map_spec", "_perf_source", "testing", "__init__",
+    "_object", "_btf", "_map_spec", "_perf_source", "testing", "__init__", "_lease",
     "_waiting.asyncio",
 }
 # The map-backed sources are siblings: none imports another (they share _map_spec and
