@@ -485,6 +485,9 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="run the scenarios whose name or group matches (shell pattern); "
                              "results merge into the previous ones")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the scenarios this many times, one round after another, "
+                             "and report each figure's median (with the CPU spread)")
     parser.add_argument("--list", action="store_true", help="list scenario names and exit")
     parser.add_argument("--no-bcc", action="store_true", help="skip the BCC peer")
     parser.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
@@ -520,7 +523,11 @@ def main() -> int:
             print(f"  BCC peer skipped: {env.bcc_reason}")
         results: list[dict[str, Any]] = []
         started_at = time.monotonic()
-        for index, sc in enumerate(scenarios, 1):
+        rounds = max(1, args.rounds)
+        # Rounds one after another (not each scenario N times in a row), so that a slow
+        # minute of the shared machine falls on every consumer alike.
+        order = [(r, i, sc) for r in range(rounds) for i, sc in enumerate(scenarios, 1)]
+        for round_no, index, sc in order:
             entry: dict[str, Any] = {"name": sc.name, "group": sc.group, "label": sc.label,
                                      "impl": sc.impl, "consumer": sc.consumer,
                                      "producer": sc.producer, "run_id": run_id,
@@ -536,8 +543,11 @@ def main() -> int:
                     if sc.impl == "bcc" and "BPF" in str(exc):
                         env.bcc_reason = f"BCC failed here: {str(exc).splitlines()[-1]}"
             results.append(entry)
-            print(f"[{index:2}/{len(scenarios)} {time.monotonic() - started_at:5.0f}s] "
-                  + report.one_line(entry), flush=True)
+            print(f"[{round_no + 1}:{index:2}/{len(scenarios)} "
+                  f"{time.monotonic() - started_at:5.0f}s] " + report.one_line(entry),
+                  flush=True)
+        if rounds > 1:
+            results = report.medians(results)
         merged = report.merge(Path(args.results), results, partial=bool(patterns))
         Path(args.results).write_text(json.dumps(
             {"machine": machine, "setup_notes": env.notes, "bcc": env.bcc_reason,
