@@ -100,9 +100,6 @@ Event = Union[Sample[T], Lost, BadSample]  # noqa: UP007 - a generic alias needs
 """What a stream yields: ``Event[T]`` for a stream whose decoder returns ``T``."""
 
 
-_TAGS = ("map", "late")
-
-
 def tagged(kind: type, map: str | None = None, late: bool = False) -> type:
     """The subclass of ``Sample``, ``Lost`` or ``BadSample`` whose events say ``map`` and
     ``late``: the tags are class attributes, so an event stays the same tuple of the

@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from ._columnar import ArrayItem
-from ._errors import BrokenRingError, ClosedResourceError
+from ._errors import ClosedResourceError
 from ._events import SampleArray
 from ._libbpf._shared_ring import SharedRingMapping
+from ._perf_format import span_length
 from ._perf_source import _KernelPerfRing
 from ._reader import Reader
 
@@ -106,16 +107,10 @@ class LeaseRing:
         mapping = self._mapping
         head = mapping.head()
         cursor = self._cursor
-        length = head - cursor
+        size = self._mask + 1
+        length = span_length(self.key, head, cursor, size)
         if length == 0:
             return b""
-        size = self._mask + 1
-        if length < 0 or length > size:
-            raise BrokenRingError(
-                self.key,
-                f"head {head} and read position {cursor} are {length} bytes apart in a "
-                f"{size}-byte ring",
-            )
         start = cursor & self._mask
         self._cursor = head
         if start + length <= size:

@@ -25,6 +25,17 @@ MAX_SAMPLE_BYTES = ((0xFFFF - HEADER_SIZE) & ~7) - 4
 counts the header, the u32 raw size and the padding to 8 bytes."""
 
 
+
+def span_length(key: int, head: int, tail: int, size: int) -> int:
+    """Bytes written and not yet read, between a ring's ``tail`` (or read position) and
+    ``head``; ``BrokenRingError`` if they are further apart than the ring is big."""
+    length = head - tail
+    if length < 0 or length > size:
+        raise BrokenRingError(
+            key, f"head {head} and tail {tail} are {length} bytes apart in a {size}-byte ring"
+        )
+    return length
+
 class RingMemoryLike(Protocol):
     size: int
 
@@ -64,15 +75,10 @@ class PerfRing:
         """Copy every complete record out of the ring (wrapping span joined) and free the space."""
         memory = self.memory
         head, tail = memory.positions()
-        length = head - tail
+        size = self._mask + 1
+        length = span_length(self.key, head, tail, size)
         if length == 0:
             return b""
-        size = self._mask + 1
-        if length < 0 or length > size:
-            raise BrokenRingError(
-                self.key,
-                f"head {head} and tail {tail} are {length} bytes apart in a {size}-byte ring",
-            )
         start = tail & self._mask
         first = size - start
         if length <= first:

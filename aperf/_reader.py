@@ -191,6 +191,9 @@ class Reader:
             order_by, lateness, period, field=order_field is not None)
         self._order = (order_field, lateness, period)
         self.array_orderer: ArrayOrderer | None = None
+        # The orderers in use (none: an unordered stream), for the shared paths to walk.
+        self._orderers: list[Orderer | ArrayOrderer] = [] if self.orderer is None else [
+            self.orderer]
         self.gather_below = gather_threshold(source, wakeup, self.ring_bytes)
         self.gathering: set[int] = set()  # rings whose wakeup was left to the drain timer
         self._last_span: dict[int, int] = {}  # per ring: the bytes its last drain took
@@ -209,8 +212,8 @@ class Reader:
     def deadline(self) -> float | None:
         """Loop time at which ``tick()`` is due (None: no timer)."""
         at = self.clock.deadline
-        for orderer in (self.orderer, self.array_orderer):
-            due = None if orderer is None else orderer.deadline()
+        for orderer in self._orderers:
+            due = orderer.deadline()
             if due is not None and (at is None or due < at):
                 at = due  # events held for ordering: look again (docs/ordering.md)
         return at
@@ -246,8 +249,8 @@ class Reader:
         if self.held or self.held_arrays:
             return True
         waiting = 0
-        for orderer in (self.orderer, self.array_orderer):
-            if orderer is not None and orderer.count:
+        for orderer in self._orderers:
+            if orderer.count:
                 if orderer.releasable(self.clock.now()) or self.closed:
                     return True
                 waiting += orderer.count
@@ -270,8 +273,8 @@ class Reader:
                 added += self.drain(key)
                 clock.looked(key, now)
         clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
-        for orderer in (self.orderer, self.array_orderer):
-            if orderer is not None and orderer.count:
+        for orderer in self._orderers:
+            if orderer.count:
                 # Held events: a fresh look at every ring, then wake the consumer if
                 # some can go now.
                 if self.pending < self.max_pending:
@@ -404,9 +407,7 @@ class Reader:
         if not force and self.pending >= self.max_pending:
             losses.held_back(ring)
             self._pause(key)
-            for orderer in (self.orderer, self.array_orderer):
-                if orderer is not None:
-                    orderer.looked(key, False)  # unseen: it may hold earlier events
+            self._looked(key, False)  # unseen: it may hold earlier events
             return 0
         self.stalled.discard(key)
         self.gathering.discard(key)
@@ -414,10 +415,10 @@ class Reader:
         try:
             span = ring.take()
             self.clock.drained(key)
-            for orderer in (self.orderer, self.array_orderer):
-                if orderer is not None:
-                    orderer.looked(key, not span)
-            self._last_span[key] = len(span)
+            if self._orderers:
+                self._looked(key, not span)
+            if self.gather_below:
+                self._last_span[key] = len(span)  # what the gathering rule reads
             if self.hushed and key in self.hushed and (
                 not span or len(span) >= self.gather_below >> 2
             ):
@@ -767,10 +768,7 @@ class Reader:
         queued = self._queued_rings()
         for key, ring in self.rings.items():
             if key not in queued:
-                idle = not ring.pending_bytes()
-                for each in (self.orderer, self.array_orderer):
-                    if each is not None:
-                        each.looked(key, idle)
+                self._looked(key, not ring.pending_bytes())
         now = self.clock.now()
         pop = self.pop
         started = False
@@ -794,6 +792,11 @@ class Reader:
         # A ring with samples still queued is busy: they come after its built ones.
         for key in self._queued_rings():
             orderer.looked(key, False)
+
+    def _looked(self, key: int, empty: bool) -> None:
+        """Tell the orderers a look at ring ``key`` found it ``empty`` (idle) or not."""
+        for orderer in self._orderers:
+            orderer.looked(key, empty)
 
     def _released(self, orderer: Orderer | ArrayOrderer, out: list[Any]) -> list[Any]:
         released = orderer.release(self.clock.now(), everything=self.closed)
@@ -838,6 +841,7 @@ class Reader:
                 raise TypeError("arrays() of an ordered stream needs order_by= a field name "
                                 "(a callable key orders events, not arrays)")
             self.array_orderer = ArrayOrderer(field, self._order[1], columns, self._order[2])
+            self._orderers.append(self.array_orderer)
             if self.orderer is not None:  # what the looks so far saw
                 self.array_orderer.empty.update(self.orderer.empty)
         orderer = self.array_orderer
@@ -910,7 +914,7 @@ class Reader:
             high_water=self.high_water.get(key, 0) / size if size else 0.0,
             queue_lost=queue_lost,
             map=self.builder.map_of(key),
-            late=sum(o.late.get(key, 0) for o in (self.orderer, self.array_orderer) if o),
+            late=sum(o.late.get(key, 0) for o in self._orderers),
         )
 
     def log_summary(self, event: str) -> None:
