@@ -1,30 +1,34 @@
 """aperf: BPF event rings as async event streams.
 
-The public API is re-exported here; the modules behind it are private. Their
-layout, bottom up (nothing imports upward):
+The public API is re-exported here; the modules behind it are private, in one
+package per job. Bottom up (nothing imports upward; docs/architecture.md draws it):
 
-- ``_errors``, ``_privileges``, ``_events``, ``_options``: the vocabulary (errors and
-  why the kernel refused, events, settings)
-- ``_libbpf/``: libbpf's ctypes prototypes (``_prototypes`` is what it shares with
-  ``_ebpfwin/``)
-- ``_object``, ``_btf``: BPF objects, and everything read from BTF
-- ``_perf_format``, ``_ringbuf_format``, ``_decode``, ``_encode``: sans-I/O ring
-  arithmetic and records (perf rings, BPF ring buffers), decoders and their inverse
-- ``_source``: the ring-source seam (public as ``aperf.abc``); ``_perf_source`` (Linux
-  perf event arrays), ``_ringbuf_source`` (BPF ring buffers), ``_ebpfwin`` (eBPF for
-  Windows), all on ``_map_spec``, and ``_fake`` (``aperf.testing.FakeRingSource``)
-  implement it
-- ``_reader``: the one reading policy (queue, dispatch, backpressure), with its parts
-  ``_clock`` (drain clock), ``_losses`` (loss ledger), ``_build`` (events from raw pieces),
-  ``_callbacks`` (callback checks and dispatch)
-- ``_setup``, ``_lifetime``, ``_waiting/`` (how to wait: asyncio, uvloop, trio, epoll),
-  ``_stream``, ``_sync``: the drivers (async, sync) that only wait; ``_signals``: closing
-  them on SIGINT/SIGTERM on any loop
-- ``_user_ringbuf``: ``UserRingBuffer``, the other direction (user space to BPF)
+- ``_errors``, ``_privileges``, ``_events``, ``_options``, ``_log``, ``_naming``: the
+  vocabulary (errors and why the kernel refused, events, settings)
+- ``_native/``: the only ctypes (libbpf, eBPF for Windows' ebpfapi.dll, a second
+  mapping of perf rings)
+- ``_waiting/``: how a driver waits (asyncio, uvloop, trio, epoll, Windows handles)
+- ``_decoding/``: C layouts, decoders and their inverse, sans I/O
+- ``_bpf/``: BPF objects, and everything read from BTF
+- ``_rings/``: the ring-source seam (public as ``aperf.abc``) and the sources with their
+  record formats: ``perf/``, ``ringbuf/``, ``windows/`` (and ``FakeRingSource``)
+- ``_reading/``: the one reading policy (queue, dispatch, backpressure) and its parts
+- ``_drivers/``: ``PerfStream``, ``PerfBuffer``, ``UserRingBuffer`` and what they share;
+  they only wait, then call the reader
+- ``_tools/``: the commands (``aperf-trace``), built on the public API
 """
 
 from . import abc as abc
 from . import decoders as decoders
+from ._bpf.object import BPFObject as BPFObject
+from ._bpf.object import Link as Link
+from ._bpf.object import Map as Map
+from ._bpf.object import Program as Program
+from ._drivers.signals import SignalCloser as SignalCloser
+from ._drivers.signals import closing_on_signals as closing_on_signals
+from ._drivers.stream import PerfStream as PerfStream
+from ._drivers.sync import PerfBuffer as PerfBuffer
+from ._drivers.user_ringbuf import UserRingBuffer as UserRingBuffer
 from ._errors import AperfError as AperfError
 from ._errors import ArgumentError as ArgumentError
 from ._errors import BrokenRingError as BrokenRingError
@@ -54,22 +58,13 @@ from ._events import Sample as Sample
 from ._events import SampleArray as SampleArray
 from ._events import StreamStatistics as StreamStatistics
 from ._events import Tails as Tails
-from ._libbpf import libbpf_version as libbpf_version
-from ._libbpf import set_libbpf_verbose as set_libbpf_verbose
 from ._naming import show_public_names as _show_public_names
-from ._object import BPFObject as BPFObject
-from ._object import Link as Link
-from ._object import Map as Map
-from ._object import Program as Program
+from ._native.libbpf import libbpf_version as libbpf_version
+from ._native.libbpf import set_libbpf_verbose as set_libbpf_verbose
 from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
-from ._ringbuf_format import NO_CPU as NO_CPU
-from ._ringbuf_source import RingBufferSource as RingBufferSource
-from ._signals import SignalCloser as SignalCloser
-from ._signals import closing_on_signals as closing_on_signals
-from ._stream import PerfStream as PerfStream
-from ._sync import PerfBuffer as PerfBuffer
-from ._user_ringbuf import UserRingBuffer as UserRingBuffer
+from ._rings.ringbuf.format import NO_CPU as NO_CPU
+from ._rings.ringbuf.source import RingBufferSource as RingBufferSource
 
 __version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 

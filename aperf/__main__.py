@@ -16,7 +16,7 @@ python -m aperf trace --help shows the tracer's options."""
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "trace":
-        from ._trace.cli import main as trace
+        from ._tools.trace.cli import main as trace
 
         return trace(args[1:], command="python -m aperf trace")
     if args and args[0] in ("-h", "--help"):

@@ -3,7 +3,7 @@ from ``/proc/self/status``, and a hint naming what it lacks.
 
 Diagnosis, not vocabulary: ``MissingPrivilegesError`` (``_errors.py``) carries
 the capabilities and ends its message with the hint; ``aperf-trace``'s
-preflight (``_trace/preflight.py``) checks them before it loads anything.
+preflight (``_tools/trace/preflight.py``) checks them before it loads anything.
 """
 
 from __future__ import annotations

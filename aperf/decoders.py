@@ -3,15 +3,15 @@ their enums, and ``jsonable`` to turn decoded values into JSON."""
 
 from __future__ import annotations
 
-from ._decode import CEnum as CEnum
-from ._decode import Record as Record
-from ._decode import SizedDecoder as SizedDecoder
-from ._decode import c_string as c_string
-from ._decode import from_ctypes as from_ctypes
-from ._decode import from_struct as from_struct
-from ._decode import jsonable as jsonable
+from ._bpf.object import BPFObject
+from ._decoding.decode import CEnum as CEnum
+from ._decoding.decode import Record as Record
+from ._decoding.decode import SizedDecoder as SizedDecoder
+from ._decoding.decode import c_string as c_string
+from ._decoding.decode import from_ctypes as from_ctypes
+from ._decoding.decode import from_struct as from_struct
+from ._decoding.decode import jsonable as jsonable
 from ._naming import show_public_names as _show_public_names
-from ._object import BPFObject
 
 __all__ = [
     "CEnum",

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from . import _libbpf as lb
-from ._fake import FakeRingMemory, FakeRingSource
+from ._bpf.object import BPFObject, Map
 from ._naming import show_public_names as _show_public_names
-from ._object import BPFObject, Map
-from ._perf_format import MAX_SAMPLE_BYTES as MAX_SAMPLE_BYTES
-from ._perf_format import encode_lost, encode_sample
-from ._ringbuf_source import RingBufferSource
+from ._native import libbpf as lb
+from ._rings.perf.fake import FakeRingMemory, FakeRingSource
+from ._rings.perf.format import MAX_SAMPLE_BYTES as MAX_SAMPLE_BYTES
+from ._rings.perf.format import encode_lost, encode_sample
+from ._rings.ringbuf.source import RingBufferSource
 
 __all__ = [
     "MAX_RUN",

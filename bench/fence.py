@@ -3,7 +3,7 @@
     python bench/fence.py     # no root needed
 
 A take that moves ``consumer_pos`` ends with a full fence and one more look at
-the ring (``_ringbuf_format.full_fence``). This times takes of one 16-byte
+the ring (``_rings/ringbuf/format.full_fence``). This times takes of one 16-byte
 record from a ring in memory laid out like the kernel's, with the fence and
 with a no-op in its place, best of seven rounds, in ns per take: the
 difference is what the fence costs each drain. The fence itself is timed too.
@@ -15,7 +15,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from aperf._ringbuf_format import BUSY_BIT, RingBufferRing, full_fence
+from aperf._rings.ringbuf.format import BUSY_BIT, RingBufferRing, full_fence
 
 PAGE = 4096
 SIZE = 1 << 16

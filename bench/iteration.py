@@ -31,7 +31,7 @@ from aperf.testing import FakeRingSource
 
 SAMPLE = struct.Struct("<QQ")
 DECODED = struct.Struct("<QQQQ")  # bench_sample32's layout: seq, ts, pid_tgid, cpu
-BATCH = 256  # the stream's own batch (aperf._reader.DEFAULT_BATCH)
+BATCH = 256  # the stream's own batch (aperf._reading.reader.DEFAULT_BATCH)
 
 
 async def generator(stream: aperf.PerfStream[Any]) -> AsyncIterator[Any]:

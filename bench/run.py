@@ -337,7 +337,7 @@ class SpacedProducer:
         return SpacedCounts(ok, failed)
 
     def emit(self, rate: float, seconds: float, cpu: int) -> None:
-        from aperf import _libbpf as lb
+        from aperf._native import libbpf as lb
 
         total, gap_ns, sent = int(rate * seconds), int(1e9 / rate), 0
         while sent < total:

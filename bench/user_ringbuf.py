@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 
 OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "user_ringbuf.bpf.o"
 RING = 1 << 20

@@ -22,7 +22,7 @@ import threading
 import time
 
 import aperf
-from aperf._stream import PerfStream
+from aperf._drivers.stream import PerfStream
 from aperf.testing import Producer
 
 SECONDS = 2.0

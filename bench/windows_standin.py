@@ -42,9 +42,9 @@ def main() -> None:
 
 def run(library: Path, n: int, rounds: int) -> None:
     import aperf
-    from aperf._ebpfwin import WINDOWS_RECORDS, WindowsPerfSource
     from aperf._options import Wakeup
-    from aperf._source import RingConfig
+    from aperf._rings.seam import RingConfig
+    from aperf._rings.windows.perf import WINDOWS_RECORDS, WindowsPerfSource
 
     lib = ctypes.CDLL(str(library))
     lib.fake_map_create.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p]
@@ -91,10 +91,10 @@ def run(library: Path, n: int, rounds: int) -> None:
 
 def run_ringbuf(lib: ctypes.CDLL, n: int, rounds: int, on_sample: object) -> None:
     import aperf
-    from aperf._ebpfwin import WindowsRingBufferSource
     from aperf._options import Wakeup
-    from aperf._ringbuf_format import RINGBUF_RECORDS
-    from aperf._source import RingConfig
+    from aperf._rings.ringbuf.format import RINGBUF_RECORDS
+    from aperf._rings.seam import RingConfig
+    from aperf._rings.windows.ringbuf import WindowsRingBufferSource
 
     lib.fake_ringbuf_output.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     fd = lib.fake_map_create(13, 1 << 24, b"bench_rb")  # BPF_MAP_TYPE_RINGBUF on Windows

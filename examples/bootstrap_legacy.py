@@ -13,12 +13,12 @@ a process (with its exit code and how long it ran) through a
 
 This file is the teaching version of ``aperf-trace`` (``python -m aperf
 trace``), which aperf installs: the same options, output and exit codes, built
-from the same pieces in ``aperf/_trace/`` (privilege and tracefs checks,
+from the same pieces in ``aperf/_tools/trace/`` (privilege and tracefs checks,
 escaping, stdout that never blocks the loop, one-line errors). What is written
 out here is the part about aperf: the object, the stream, the loop.
 docs/tutorial.md walks through it. With ``--nats URL`` (and ``--host NAME``) the
 events are also published to NATS JetStream: that part is the tool's own
-(``aperf._trace.cli.trace``), which then runs instead of the loop below.
+(``aperf._tools.trace.cli.trace``), which then runs instead of the loop below.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aperf
-from aperf._trace import cli
-from aperf._trace.cli import (
+from aperf._tools.trace import cli
+from aperf._tools.trace.cli import (
     DEFAULT_PAGES,
     DEFAULT_WAKEUP,
     WAKEUPS,
@@ -42,9 +42,9 @@ from aperf._trace.cli import (
     tracer_object,
     warn,
 )
-from aperf._trace.output import LineOutput
-from aperf._trace.preflight import SetupError, ensure_tracefs, missing_privileges
-from aperf._trace.render import HEADER, event_decoder, json_record, table_line
+from aperf._tools.trace.output import LineOutput
+from aperf._tools.trace.preflight import SetupError, ensure_tracefs, missing_privileges
+from aperf._tools.trace.render import HEADER, event_decoder, json_record, table_line
 
 # Names the service example (examples/service.py) takes from here.
 __all__ = [

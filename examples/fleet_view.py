@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aperf
-from aperf import _natsargs
-from aperf._trace.cli import FLEET_STREAM as TRACER  # the stream name tracers publish under
-from aperf._trace.cli import shipped_object, warn
-from aperf._trace.output import LineOutput
-from aperf._trace.render import HEADER, event_decoder, table_line
+from aperf._tools import nats_options as _natsargs
+from aperf._tools.trace.cli import FLEET_STREAM as TRACER  # the stream name tracers publish under
+from aperf._tools.trace.cli import shipped_object, warn
+from aperf._tools.trace.output import LineOutput
+from aperf._tools.trace.render import HEADER, event_decoder, table_line
 from aperf.fleet import FleetConfigError, FleetError, FleetReader, Gap, Malformed
 
 PROG = "fleet_view"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 
 
 def test_reports_libbpf_version() -> None:

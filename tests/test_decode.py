@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 from aperf.testing import Producer, object_path
 
 from .conftest import BPF_DIR, run_until, take

@@ -1022,8 +1022,8 @@ async def test_the_reader_has_each_hosts_boot_clock_offset(nats_server: NatsServ
 def test_the_viewer_shows_when_the_event_happened(kernel: None, nats_server: NatsServer) -> None:
     """An exec stamped ten minutes ago is shown ten minutes ago, not when it was read.
     (``kernel``: the tier where the tracer's object is built; it is opened, not loaded.)"""
-    from aperf._trace.cli import FLEET_STREAM, shipped_object
-    from aperf._trace.render import event_decoder
+    from aperf._tools.trace.cli import FLEET_STREAM, shipped_object
+    from aperf._tools.trace.render import event_decoder
 
     url = nats_server.url
     asyncio.run(create_stream(url))

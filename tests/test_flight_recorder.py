@@ -199,8 +199,8 @@ def test_flight_recorder_rings_are_perf_rings_only(kernel: None) -> None:
 def test_a_given_up_source_frees_its_rings_and_leaves_the_slots(producer: Producer) -> None:
     # What a take-over does to the holder (tests/test_map_lock.py): its slots emptied,
     # its map fd pointed at /dev/null; freeing its rings then touches no slot.
-    from aperf._perf_source import PerfEventArraySource
-    from aperf._source import RingConfig
+    from aperf._rings.perf.source import PerfEventArraySource
+    from aperf._rings.seam import RingConfig
 
     cpu = CPUS[0]
     source = PerfEventArraySource(producer.map)

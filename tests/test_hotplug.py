@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 from aperf.testing import Producer
 
 from .conftest import bring_cpus_online
@@ -193,7 +193,7 @@ def test_a_cpu_offline_at_open_gets_a_ring_and_its_lock_slot_when_it_comes_onlin
         # Slot 1 is this process's now: another process sees it locked by us.
         map_id = lb.object_id(producer.map.fd)[1]
         script = (
-            "import sys; from aperf._map_lock import MapLock; "
+            "import sys; from aperf._rings.map_lock import MapLock; "
             "m = MapLock(int(sys.argv[1]), 'probe', [1]); m._open(); "
             "print([pid for pid, _ in m.holders()]); m.release()"
         )

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 from aperf.testing import Producer, sample_header
 
 HOLDER = Path(__file__).resolve().parent / "map_holder.py"

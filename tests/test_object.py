@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import aperf
+from aperf._native import libbpf as lb
 from aperf.testing import Producer, object_path
 
 from .conftest import BPF_DIR, open_fds
@@ -183,7 +184,7 @@ def test_map_lookup_update_and_pin(tmp_path: Path) -> None:
         assert producer.counters().failed == 77
         scratch = producer.object.maps["scratch"]
         assert scratch.per_cpu
-        assert len(scratch.lookup(bytes(4))) == 4096 * aperf._libbpf.libbpf_num_possible_cpus()
+        assert len(scratch.lookup(bytes(4))) == 4096 * lb.libbpf_num_possible_cpus()
         pin = f"/sys/fs/bpf/aperf_pin_{os.getpid()}"
         producer.map.pin(pin)
         try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 from aperf.testing import Producer
 
 from .conftest import BPF_DIR, REPO, open_fds

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 
 from .conftest import BPF_DIR, REPO
 

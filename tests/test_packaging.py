@@ -116,7 +116,7 @@ def test_sdist_carries_what_building_and_testing_need(dist: Dist) -> None:
         "tests/conftest.py", "tests/test_tracer.py", "tests/test_packaging.py",
         "docs/tutorial.md", "examples/bootstrap_legacy.py", "examples/service/app.py",
         "examples/service/static/index.html",
-        "scripts/test.sh", "scripts/check.sh", "aperf/_trace/cli.py",
+        "scripts/test.sh", "scripts/check.sh", "aperf/_tools/trace/cli.py",
     }
     needed |= {f"bpf/{name}.bpf.c" for name in SHIPPED}
     assert needed <= names, sorted(needed - names)
@@ -138,10 +138,10 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
     assert wheel_info["Root-Is-Purelib"] == "true"
     for name in SHIPPED:
         assert f"aperf/_objects/{name}.bpf.o" in names
-    assert {"aperf/__main__.py", "aperf/_trace/cli.py", "aperf/py.typed"} <= names
+    assert {"aperf/__main__.py", "aperf/_tools/trace/cli.py", "aperf/py.typed"} <= names
     assert f"{info}/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("examples/", "tests/", "bpf/"))]
-    assert "aperf-trace = aperf._trace.cli:main" in entry_points
+    assert "aperf-trace = aperf._tools.trace.cli:main" in entry_points
 
     assert metadata["License-Expression"] == "Apache-2.0"
     requires = metadata.get_all("Requires-Dist") or []

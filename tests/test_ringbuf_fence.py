@@ -11,7 +11,7 @@ up between them, thousands of times; after each run the test waits for every
 record, and counts the runs where one was stranded (still missing 5 s later, with
 the producer idle: found only by a flush). Without the fence it found none on this
 project's VMs either (the window is too narrow to hit from here, docs/ringbuf.md);
-the unit tests of _ringbuf_format model the race exactly.
+the unit tests of _rings/ringbuf/format model the race exactly.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import anyio
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 from aperf._options import Wakeup
-from aperf._source import RingConfig
+from aperf._rings.seam import RingConfig
 
 from .conftest import BPF_DIR
 

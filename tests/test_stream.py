@@ -533,7 +533,7 @@ async def test_int_fd_and_pinned_path_sources(producer: Producer, tmp_path: Any)
     if not os.path.ismount("/sys/fs/bpf"):
         subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
     pin = f"/sys/fs/bpf/aperf_test_{os.getpid()}"
-    map_id = aperf._libbpf.map_info(fd).id
+    map_id = aperf._native.libbpf.map_info(fd).id
     subprocess.run(["bpftool", "map", "pin", "id", str(map_id), pin], check=True)
     try:
         async with aperf.PerfStream(pin, pages=8) as stream:

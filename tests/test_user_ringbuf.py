@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 import aperf
-from aperf import _libbpf as lb
+from aperf._native import libbpf as lb
 
 from .conftest import BPF_DIR, open_fds, require_kernel
 

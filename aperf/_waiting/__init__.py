@@ -4,12 +4,13 @@
   for ``PerfBuffer``) and the handle vocabulary (``HandleKind``, ``OnHandle``);
 - ``asyncio``: asyncio and uvloop (and Windows wait handles on them);
 - ``trio``: trio, and anyio on trio (imported only under trio: trio is optional);
-- ``epoll``: the sync driver's wait on fds.
+- ``epoll``: the sync driver's wait on fds;
+- ``win32``: Windows wait handles without a loop (``Win32Waiter``) and the waiter
+  threads; ``trio_win32``: those handles under trio (both imported only for a
+  "win32" handle kind).
 
-Windows wait handles without a loop (``Win32Waiter``) and the waiter threads
-live with the rest of eBPF for Windows in ``aperf._ebpfwin``, imported only
-for a "win32" handle kind. Another loop or another kind of handle plugs in
-here, in ``current_binding()`` or ``handle_waiter()``.
+Another loop or another kind of handle plugs in here, in ``current_binding()``
+or ``handle_waiter()``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def current_binding(kind: HandleKind) -> LoopBinding:
 def handle_waiter(kind: HandleKind, handles: Iterable[int]) -> HandleWaiter:
     """What ``PerfBuffer`` waits with on these handles, without an event loop."""
     if kind == "win32":
-        from .._ebpfwin import Win32Waiter
+        from .win32 import Win32Waiter
 
         return Win32Waiter(handles)
     return EpollWaiter(handles)

@@ -26,8 +26,8 @@ from .._errors import AperfError, BusyResourceError
 from .base import HandleKind, OnHandle
 
 if TYPE_CHECKING:
-    from .._ebpfwin import HandleWaiterThread
-    from .._libbpf import TimerFd
+    from .._native.libbpf import TimerFd
+    from .win32 import HandleWaiterThread
 
 
 class AsyncioBinding:
@@ -88,7 +88,7 @@ class AsyncioBinding:
             self._timer = self._loop.call_at(at, callback)
 
     def _make_timerfd(self) -> TimerFd:
-        from .._libbpf import TimerFd
+        from .._native.libbpf import TimerFd
 
         timerfd = TimerFd()
         try:
@@ -196,7 +196,7 @@ class ThreadedHandleBinding(_HandleBinding):
         self._restart(watched)
 
     def _restart(self, handles: list[int]) -> None:
-        from .._ebpfwin import HandleWaiterThread
+        from .win32 import HandleWaiterThread
 
         watcher, self._watcher = self._watcher, None
         if watcher is not None:

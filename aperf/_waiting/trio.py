@@ -12,7 +12,7 @@ user passing a nursery. Inside it:
   timer's (trio's own timeouts are cancel scopes too).
 
 Windows wait handles (eBPF for Windows, handle kind ``win32``) are watched by
-``_ebpfwin``'s ``TrioHandleWatcher`` in the same system task instead: worker
+``trio_win32``'s ``TrioHandleWatcher`` in the same system task instead: worker
 threads wait on the handles, and ``on_ready`` (which resets the handle before
 the rings are read) runs on the trio thread for each firing.
 
@@ -87,7 +87,7 @@ class TrioBinding:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._kind == "win32":
-                    from .._ebpfwin._trio import TrioHandleWatcher
+                    from .trio_win32 import TrioHandleWatcher
 
                     self._handles = TrioHandleWatcher(nursery, self._failed)
                     self._handles.watch(list(self._fds), self._handle_fired)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._natsargs import add_arguments, keywords, quiet_tls_eof, servers
+from .._tools.nats_options import add_arguments, keywords, quiet_tls_eof, servers
 from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, KEEP, create_stream
 from ._errors import FleetAuthError, FleetConfigError
 

@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from .._decode import SizedDecoder
+from .._decoding.decode import SizedDecoder
 from .._errors import DecodeError
 from .._events import BadSample, Sample
 from .._log import log

@@ -1,4 +1,4 @@
-"""Reading a backward ring (``_backward.newest_records``) on memory written as the kernel
+"""Reading a backward ring (``_rings/perf/backward.newest_records``) on memory written as the kernel
 writes a ``write_backward`` ring: each record below the one before, wrapping, overwriting."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from aperf._backward import newest_records
+from aperf._rings.perf.backward import newest_records
 from aperf.testing import encode_sample
 
 U64 = 1 << 64

@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aperf
-from aperf._columnar import numpy_run_end
-from aperf._perf_format import split_span
-from aperf._source import payloads_of
+from aperf._reading.columnar import numpy_run_end
+from aperf._rings.perf.format import split_span
+from aperf._rings.seam import payloads_of
 from aperf.testing import FakeRingSource, encode_lost, encode_sample
 
 from ..conftest import take

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import aperf
-from aperf._decode import compile_layout
-from aperf._layout import EnumType, IntType, Member, RecordType
+from aperf._decoding.decode import compile_layout
+from aperf._decoding.layout import EnumType, IntType, Member, RecordType
 
 c = ctypes
 

@@ -8,10 +8,10 @@ import struct
 import pytest
 
 import aperf
-from aperf._decode import from_ctypes as decoder_of
-from aperf._encode import from_ctypes, from_struct, raw_bytes
-from aperf._ringbuf_format import BUSY_BIT, DISCARD_BIT
-from aperf._user_ringbuf_format import UserRingWriter, record_step
+from aperf._decoding.decode import from_ctypes as decoder_of
+from aperf._decoding.encode import from_ctypes, from_struct, raw_bytes
+from aperf._rings.ringbuf.format import BUSY_BIT, DISCARD_BIT
+from aperf._rings.ringbuf.user_format import UserRingWriter, record_step
 
 
 class Inner(ctypes.Structure):

@@ -10,8 +10,8 @@ import struct
 import pytest
 
 import aperf
-from aperf._perf_format import split_span
-from aperf._source import RingConfig
+from aperf._rings.perf.format import split_span
+from aperf._rings.seam import RingConfig
 from aperf.testing import MAX_SAMPLE_BYTES, FakeRingSource, encode_sample
 
 

@@ -9,8 +9,8 @@ import struct
 import pytest
 
 import aperf
-from aperf._reader import Reader, gather_threshold
-from aperf._source import RingConfig
+from aperf._reading.reader import Reader, gather_threshold
+from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
 Q = struct.Struct("<Q")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aperf._hotplug import parse_uevent
+from aperf._rings.perf.hotplug import parse_uevent
 
 
 def test_cpu_online_and_offline_are_parsed() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import aperf
-from aperf import _map_lock as ml
+from aperf._rings import map_lock as ml
 
 MAP_ID = 4_000_000_000 + os.getpid()  # far beyond the ids this boot's maps have
 
@@ -34,7 +34,7 @@ class Other:
     def __init__(self, slots: list[int]) -> None:
         code = textwrap.dedent(f"""
             import select, sys
-            from aperf import _map_lock as ml
+            from aperf._rings import map_lock as ml
             lock = ml.lock_map({MAP_ID}, "test", {slots!r})
             print("held", flush=True)
             while True:
@@ -82,7 +82,7 @@ def lock_elsewhere(slots: list[int]) -> str:
     """What another process gets when it locks ``slots``: "ok" or the error's message."""
     code = textwrap.dedent(f"""
         import aperf
-        from aperf import _map_lock as ml
+        from aperf._rings import map_lock as ml
         try:
             ml.lock_map({MAP_ID}, "test", {slots!r}).release()
         except aperf.BusyResourceError as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aperf._map_types import MAP_TYPES, map_type_name
+from aperf._bpf.map_types import MAP_TYPES, map_type_name
 
 from ..conftest import REQUIRE_BPF
 
@@ -40,7 +40,7 @@ def kernel_map_types() -> dict[int, str]:
 def test_the_table_is_the_running_kernels_enum() -> None:
     kernel = kernel_map_types()
     assert len(kernel) > 30  # the parse found the enum at all
-    # A kernel newer than the table has more types: add them to aperf/_map_types.py.
+    # A kernel newer than the table has more types: add them to aperf/_bpf/map_types.py.
     assert kernel == MAP_TYPES
 
 

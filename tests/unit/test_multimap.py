@@ -14,9 +14,9 @@ import pytest
 
 import aperf
 from aperf._events import tagged
-from aperf._fake import _FakeRing
-from aperf._multi import STRIDE, offset_of
-from aperf._source import SourceEnded
+from aperf._reading.multi import STRIDE, offset_of
+from aperf._rings.perf.fake import _FakeRing
+from aperf._rings.seam import SourceEnded
 from aperf.testing import FakeRingSource
 
 REC = struct.Struct("<QQ")

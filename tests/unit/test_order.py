@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import aperf
-from aperf._order import Orderer, check_order_by
-from aperf._reader import Reader
-from aperf._source import RingConfig
+from aperf._reading.order import Orderer, check_order_by
+from aperf._reading.reader import Reader
+from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
 QQ = struct.Struct("<QQ")

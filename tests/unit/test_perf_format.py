@@ -7,9 +7,9 @@ import struct
 import pytest
 
 import aperf
-from aperf._perf_format import PerfRing, split_span
-from aperf._perf_source import perf_wakeup
-from aperf._source import Run, payloads_of
+from aperf._rings.perf.format import PerfRing, split_span
+from aperf._rings.perf.source import perf_wakeup
+from aperf._rings.seam import Run, payloads_of
 from aperf.testing import FakeRingMemory, encode_lost, encode_sample
 
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import aperf
-from aperf._perf_format import PerfRing, split_span
-from aperf._reader import Reader
-from aperf._source import RingConfig, payloads_of
+from aperf._reading.reader import Reader
+from aperf._rings.perf.format import PerfRing, split_span
+from aperf._rings.seam import RingConfig, payloads_of
 from aperf.testing import FakeRingMemory, FakeRingSource, encode_lost, encode_sample
 
 records = st.one_of(

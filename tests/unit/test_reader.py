@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import aperf
-from aperf._callbacks import Handlers
-from aperf._reader import Reader
-from aperf._source import RingConfig
+from aperf._reading.callbacks import Handlers
+from aperf._reading.reader import Reader
+from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
 Q = struct.Struct("<Q")

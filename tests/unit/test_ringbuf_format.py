@@ -13,7 +13,7 @@ import struct
 import pytest
 
 import aperf
-from aperf._ringbuf_format import (
+from aperf._rings.ringbuf.format import (
     BUSY_BIT,
     DISCARD_BIT,
     RingBufferRing,

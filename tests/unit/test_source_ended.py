@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import aperf
-from aperf._source import SourceEnded
+from aperf._rings.seam import SourceEnded
 from aperf.testing import FakeRingSource
 
 

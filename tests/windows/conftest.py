@@ -173,7 +173,7 @@ def fake_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def fake_session(fake_library: Path) -> Iterator[FakeEbpf]:
-    from aperf._ebpfwin import EBPFAPI_ENV, KERNEL32_ENV
+    from aperf._native.ebpfapi.binding import EBPFAPI_ENV, KERNEL32_ENV
 
     saved = {k: os.environ.get(k) for k in (EBPFAPI_ENV, KERNEL32_ENV)}
     os.environ[EBPFAPI_ENV] = str(fake_library)

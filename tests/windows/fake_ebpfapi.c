@@ -1,7 +1,7 @@
 /*
  * A stand-in for eBPF for Windows' ebpfapi.dll (its synchronous perf buffer API)
  * and for the kernel32 event/wait functions, so that aperf's real ctypes binding
- * (aperf/_ebpfwin) runs unchanged on Linux. Built by the test suite with gcc.
+ * (aperf/_native/ebpfapi) runs unchanged on Linux. Built by the test suite with gcc.
  *
  * Written from microsoft/ebpf-for-windows (commit 0be2d1c3f36c; PR #4966 merged as
  * 6926e944907d), not from aperf's expectations:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import aperf
-from aperf._ebpfwin import WindowsPerfSource
+from aperf._rings.windows.perf import WindowsPerfSource
 from aperf._waiting.asyncio import ProactorHandleBinding, ThreadedHandleBinding
 
 from .conftest import BPF_MAP_TYPE_PERF_EVENT_ARRAY, REAL_WINDOWS
@@ -117,7 +117,7 @@ class Writer(threading.Thread):
 @pytest.fixture
 def dll(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Dll]:
     if REAL_WINDOWS:
-        from aperf._ebpfwin import _binding
+        from aperf._native.ebpfapi import binding as _binding
 
         lib = _binding.ebpfapi()
         lib.libbpf_num_possible_cpus.restype = ctypes.c_int
@@ -227,9 +227,9 @@ def test_perf_buffer_poll_and_close_from_another_thread(dll: Dll, perf_fd: int) 
 
 
 def test_the_wait_handle_is_manual_reset(dll: Dll, perf_fd: int) -> None:
-    from aperf._ebpfwin import _api as win
+    from aperf._native.ebpfapi import api as win
     from aperf._options import Wakeup
-    from aperf._source import RingConfig
+    from aperf._rings.seam import RingConfig
 
     source = WindowsPerfSource(perf_fd)
     rings = source.open(RingConfig(None, Wakeup.per_sample()))

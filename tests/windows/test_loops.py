@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 import aperf
-from aperf._ebpfwin import HandleWaiterThread, Win32Waiter
-from aperf._ebpfwin import _api as win
-from aperf._ebpfwin import _binding as c
+from aperf._native.ebpfapi import api as win
+from aperf._native.ebpfapi import binding as c
 from aperf._waiting import current_binding
 from aperf._waiting.asyncio import ProactorHandleBinding
+from aperf._waiting.win32 import HandleWaiterThread, Win32Waiter
 
 from .conftest import FakeEbpf
 

@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
         importlib.import_module(name)
     report = {"modules": modules, "at_import": list(loads)}
 
-    from aperf._setup import resolve_source
+    from aperf._drivers.setup import resolve_source
     report["source_for_fd"] = type(resolve_source(7)).__name__
     stream = aperf.PerfStream(7)  # everything is checked here, nothing is loaded yet
     report["after_constructor"] = list(loads)
@@ -104,7 +104,7 @@ def run(platform: str) -> dict[str, object]:
 
 def test_on_windows_aperf_never_tries_libbpf() -> None:
     report = run("win32")
-    assert "aperf._ebpfwin._trio" in report["modules"]  # type: ignore[operator]
+    assert "aperf._waiting.trio_win32" in report["modules"]  # type: ignore[operator]
     assert report["at_import"] == []  # importing aperf loads no library at all
     assert report["after_constructor"] == []
     assert report["source_for_fd"] == "WindowsMapSource"  # the map's type picks at open
@@ -128,7 +128,7 @@ def test_on_linux_aperf_never_tries_the_dll() -> None:
 def test_the_dll_is_refused_off_windows_without_a_stand_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from aperf._ebpfwin import _binding as c
+    from aperf._native.ebpfapi import binding as c
 
     monkeypatch.delenv(c.EBPFAPI_ENV, raising=False)
     with pytest.raises(aperf_unavailable(), match="exists on Windows only"):

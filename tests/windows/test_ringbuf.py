@@ -17,11 +17,12 @@ import anyio
 import pytest
 
 import aperf
-from aperf._ebpfwin import WindowsMapSource, WindowsPerfSource, WindowsRingBufferSource
-from aperf._ebpfwin import _api as win
+from aperf._native.ebpfapi import api as win
 from aperf._options import Wakeup
-from aperf._ringbuf_format import RINGBUF_RECORDS
-from aperf._source import RingConfig
+from aperf._rings.ringbuf.format import RINGBUF_RECORDS
+from aperf._rings.seam import RingConfig
+from aperf._rings.windows.perf import WindowsPerfSource
+from aperf._rings.windows.ringbuf import WindowsMapSource, WindowsRingBufferSource
 
 from .conftest import FakeEbpf
 
@@ -178,7 +179,7 @@ def test_a_pinned_ring_buffer_and_the_source_picked_by_type(
 
 @pytest.fixture
 def on_windows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(aperf._setup, "sys", types.SimpleNamespace(platform="win32"))
+    monkeypatch.setattr(aperf._drivers.setup, "sys", types.SimpleNamespace(platform="win32"))
     yield
 
 

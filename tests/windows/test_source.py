@@ -8,10 +8,10 @@ import struct
 import pytest
 
 import aperf
-from aperf._ebpfwin import WINDOWS_RECORDS, WindowsPerfSource
-from aperf._ebpfwin import _api as win
+from aperf._native.ebpfapi import api as win
 from aperf._options import Wakeup
-from aperf._source import RingConfig
+from aperf._rings.seam import RingConfig
+from aperf._rings.windows.perf import WINDOWS_RECORDS, WindowsPerfSource
 
 from .conftest import BPF_MAP_TYPE_RINGBUF, FakeEbpf
 

@@ -25,7 +25,7 @@ import sniffio
 import trio
 
 import aperf
-from aperf._ebpfwin import WindowsPerfSource
+from aperf._rings.windows.perf import WindowsPerfSource
 from aperf._waiting.asyncio import ThreadedHandleBinding
 from aperf._waiting.trio import TrioBinding
 
@@ -41,7 +41,7 @@ SEQ = struct.Struct("<Q16x")  # 24-byte samples: 32-byte records on a Windows ri
 def on_windows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Only where aperf picks the source: the event loops (uvloop, trio) must keep
     # seeing Linux, or they would start their Windows I/O.
-    monkeypatch.setattr(aperf._setup, "sys", types.SimpleNamespace(platform="win32"))
+    monkeypatch.setattr(aperf._drivers.setup, "sys", types.SimpleNamespace(platform="win32"))
     yield
 
 

@@ -14,11 +14,11 @@ import pytest
 
 trio = pytest.importorskip("trio")
 
-from aperf._ebpfwin import WINDOWS_RECORDS, WindowsPerfSource  # noqa: E402
-from aperf._ebpfwin import _api as win  # noqa: E402
-from aperf._ebpfwin._trio import TrioHandleWatcher  # noqa: E402
+from aperf._native.ebpfapi import api as win  # noqa: E402
 from aperf._options import Wakeup  # noqa: E402
-from aperf._source import RingConfig  # noqa: E402
+from aperf._rings.seam import RingConfig  # noqa: E402
+from aperf._rings.windows.perf import WINDOWS_RECORDS, WindowsPerfSource  # noqa: E402
+from aperf._waiting.trio_win32 import TrioHandleWatcher  # noqa: E402
 
 from .conftest import FakeEbpf  # noqa: E402
 

@@ -1,0 +1,165 @@
+"""Events built from the raw pieces a reader's queue hands out.
+
+A piece is part of one drained span of one ring: a ``RunPiece`` (records
+``start`` to ``stop`` of a run of identical records, still in the span they
+were copied in) or ``Payloads`` (samples parsed one by one). ``EventBuilder``
+turns pieces into ``Sample`` events (decoded at C speed where the records
+allow) and ``BadSample`` items under the ``decode_errors`` policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from .._decoding.decode import SizedDecoder
+from .._errors import DecodeError
+from .._events import BadSample, Event, Lost, Sample, tagged
+from .._options import DecodeErrorPolicy
+from .._rings.seam import Run
+
+Decoder = Callable[[bytes], Any]
+
+_tuple_new = tuple.__new__
+_repeat = itertools.repeat
+_starmap = itertools.starmap
+_NONES = itertools.repeat(None)
+
+
+class RunPiece(NamedTuple):
+    """Records ``start`` to ``stop`` of ``run``, read on ring ``key``."""
+
+    key: int
+    run: Run
+    start: int
+    stop: int
+
+
+class Payloads(NamedTuple):
+    """Samples of ring ``key`` parsed one by one (``uniform``: all of one length)."""
+
+    key: int
+    payloads: list[bytes]
+    uniform: bool
+
+
+Requeue = Callable[[DecodeError, Payloads], None]
+"""What a reader does under ``decode_errors="raise"``: put the error, then the samples
+after the bad one, back at the front of its queue."""
+
+
+class EventBuilder:
+    """Turns pieces into events for one decoder and policy; counts decode errors per ring.
+
+    In a stream of several maps there is one per map (``multi.MultiBuilder``): its
+    events are of the map's tagged classes (``tagged(Sample, map)``) and say the
+    ring's real CPU, the ring key less ``offset``.
+    """
+
+    __slots__ = ("bad", "decode_errors", "decoder", "errors", "lost_cls", "map", "offset",
+                 "requeue", "sample")
+
+    def __init__(
+        self, decoder: Decoder | None, decode_errors: DecodeErrorPolicy, requeue: Requeue, *,
+        map: str | None = None, offset: int = 0, errors: dict[int, int] | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.decode_errors = decode_errors
+        self.requeue = requeue
+        self.errors: dict[int, int] = {} if errors is None else errors  # ring key -> count
+        self.map = map
+        self.offset = offset
+        self.sample: type = tagged(Sample, map)
+        self.bad: type = tagged(BadSample, map)
+        self.lost_cls: type = tagged(Lost, map)
+
+    def cpu_of(self, key: int) -> int:
+        """The real CPU of ring ``key`` (-1: a BPF ring buffer)."""
+        return key - self.offset
+
+    def map_of(self, key: int) -> str | None:
+        """The map of ring ``key``, in a stream of several maps."""
+        return self.map
+
+    def key_of(self, event: Lost) -> int:
+        """The ring key of a notice this builder made (its ``cpu`` is the real CPU)."""
+        return int(event.cpu) + self.offset
+
+    def lost(self, key: int, count: int) -> Lost:
+        """The ``Lost`` notice of ``count`` drops on ring ``key``."""
+        lost: Lost = _tuple_new(self.lost_cls, (key - self.offset, count))
+        return lost
+
+    def run(self, key: int, run: Run, start: int, stop: int, out: list[Any]) -> None:
+        """Sample events of records ``start`` to ``stop`` of a run, straight out of its span."""
+        decoder = self.decoder
+        if decoder is None:
+            rows = zip(_repeat(key - self.offset), run.each_payload(start, stop), _NONES,
+                       strict=False)
+            out.extend(map(_tuple_new, _repeat(self.sample), rows))
+            return
+        if isinstance(decoder, SizedDecoder) and run.size >= decoder.size:
+            # Fixed-size records, all long enough: decode the whole run at C speed, the
+            # fields unpacked from the span itself where the format allows.
+            fields = decoder.strided(run.skip, run.stride)
+            if fields is None:
+                listed = run.payloads(start, stop)
+                payloads: Iterable[bytes] = listed
+                values: Iterable[Any] = decoder.decode_many(listed)
+            else:
+                # Payloads and values one at a time into the zip: no lists in between.
+                payloads = run.each_payload(start, stop)
+                at = run.start + start * run.stride
+                view = memoryview(run.span)[at : at + (stop - start) * run.stride]
+                values = decoder.each_row(fields.iter_unpack(view))
+            # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
+            # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
+            rows = zip(_repeat(key - self.offset), payloads, values, strict=False)
+            out.extend(_starmap(_tuple_new, zip(_repeat(self.sample), rows, strict=False)))
+            return
+        self.payloads(key, run.payloads(start, stop), True, out)
+
+    def payloads(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
+        """Sample events of samples parsed one by one (``BadSample`` where decoding failed)."""
+        decoder = self.decoder
+        cpu, sample = key - self.offset, self.sample
+        if decoder is None:
+            rows = zip(_repeat(cpu), payloads, _NONES, strict=False)
+            out.extend(map(_tuple_new, _repeat(sample), rows))
+            return
+        if uniform and isinstance(decoder, SizedDecoder) and len(payloads[0]) >= decoder.size:
+            # Fixed-size records, all long enough: decode the whole run at C speed.
+            values = decoder.decode_many(payloads)
+            rows = zip(_repeat(cpu), payloads, values, strict=False)
+            out.extend(map(_tuple_new, _repeat(sample), rows))
+            return
+        for index, data in enumerate(payloads):
+            try:
+                value = decoder(data)
+            except Exception as exc:
+                if not self.failed(key, payloads, uniform, index, exc, out):
+                    return  # "raise": the rest went back to the queue behind the error
+                continue
+            out.append(_tuple_new(sample, (cpu, data, value)))
+
+    def failed(
+        self, key: int, payloads: list[bytes], uniform: bool, index: int, exc: Exception,
+        out: list[Event[Any]],
+    ) -> bool:
+        """``payloads[index]`` did not decode: a ``BadSample``, nothing, or (False) under
+        "raise" the error and the samples after it requeued."""
+        data = payloads[index]
+        self.errors[key] = self.errors.get(key, 0) + 1
+        cpu = key - self.offset
+        error = exc if isinstance(exc, DecodeError) else DecodeError(
+            cpu, data, str(exc), map=self.map)
+        if error is not exc:
+            error.__cause__ = exc
+        if self.decode_errors == "skip":
+            return True
+        if self.decode_errors == "item":
+            out.append(_tuple_new(self.bad, (cpu, data, error)))
+            return True
+        self.requeue(error, Payloads(key, payloads[index + 1 :], uniform))
+        return False

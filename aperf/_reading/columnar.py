@@ -1,0 +1,239 @@
+"""Columnar batches: NumPy structured arrays straight from the spans a reader took.
+
+A run of identical sample records (``_rings/seam.Run``) becomes a strided view
+of the copied span: ``numpy.frombuffer(span, dtype, count, offset)`` with a
+dtype whose itemsize is the record size and whose fields skip the record
+header and the padding, so no Python code runs per sample. Samples parsed one
+by one (mixed sizes, a struct with a flexible array member) are joined and
+gathered in one NumPy operation. Imported only when a consumer asks for arrays:
+``import aperf`` never imports NumPy.
+
+The reader's one walk over its queue hands the pieces to ``Columns.arrays``;
+the front queues a consumer leaves behind when it switches between events and
+arrays are turned into the other kind here (``Columns.front``, ``Columns.events``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Union, cast
+
+import numpy as np
+
+from .._decoding.decode import SizedDecoder
+from .._decoding.layout import byte_order, dtype_spec
+from .._events import BadSample, Event, Lost, Sample, SampleArray, Tails
+from .._rings.perf.format import PerfRecords, split_span, uniform_run_end
+from .._rings.seam import Run, Segment
+from .build import EventBuilder, Payloads, RunPiece
+from .order import _Gathered
+
+ArrayItem = Union[SampleArray, Lost, BadSample]  # noqa: UP007 - as Event
+"""What a columnar consumer gets."""
+_CHECKS_PER_SPAN = 8  # NumPy checks of a span; then the pure parser (see _RunFinder)
+_U8, _U4 = np.dtype("<u8"), np.dtype("<u4")
+
+
+class _RunFinder:
+    """``_rings/perf/format.split_span``'s ``run_end`` for one span, at C speed: where the run
+    of records identical to the one at ``pos`` ends (``pos`` if fewer than two are in
+    line). The 12 header bytes of every record after it are compared at once (an 8-byte
+    and a 4-byte column), and any difference ends the run, exactly there.
+
+    Each check costs the rest of the span, so a span cut into many runs (an overloaded
+    ring: lost record, sample, lost record...) would cost its length squared: after a
+    few checks the rest of the span goes to the pure parser.
+    """
+
+    __slots__ = ("checks",)
+
+    def __init__(self) -> None:
+        self.checks = _CHECKS_PER_SPAN
+
+    def __call__(self, span: bytes, pos: int, size: int, end: int) -> int:
+        count = (end - pos) // size
+        if count < 2:
+            return pos
+        if size % 8 or self.checks <= 0:  # perf records are 8-aligned; others: pure
+            return uniform_run_end(span, pos, size, end)
+        self.checks -= 1
+        step = size // 8
+        heads = np.frombuffer(span, _U8, count * step, pos)[::step]  # type, misc, size
+        raws = np.frombuffer(span, _U4, count * step * 2, pos)[2 :: step * 2]  # raw size
+        differ = (heads != heads[0]) | (raws != raws[0])
+        if not differ.any():
+            return pos + count * size
+        same = int(differ.argmax())
+        return pos + same * size if same >= 2 else pos
+
+
+def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+    """One check with ``_RunFinder`` (for tests)."""
+    return _RunFinder()(span, pos, size, end)
+
+
+class Columns:
+    """Makes ``aperf.SampleArray`` items for one decoder (in a stream of several maps: for
+    one map, whose arrays say ``map`` and the ring's real CPU, its key less ``offset``)."""
+
+    def __init__(self, decoder: object, *, map: str | None = None, offset: int = 0) -> None:
+        if not isinstance(decoder, SizedDecoder) or decoder.layout is None:
+            raise TypeError(
+                "columnar batches need a decoder with a layout: a BTF struct name, "
+                "aperf.decoders.from_btf(...), a ctypes.Structure or a struct.Struct "
+                f"(not {decoder!r})"
+            )
+        self.decoder = decoder
+        self.size = decoder.size
+        self.has_tail = decoder.tail is not None
+        self._spec = dtype_spec(decoder.layout, byte_order(decoder.struct.format),
+                                size=decoder.size)
+        self.dtype: np.dtype[Any] = np.dtype(cast(Any, self._spec))
+        self._strided: dict[tuple[int, int], np.dtype[Any]] = {}
+        self.map = map
+        self.offset = offset
+
+    @staticmethod
+    def split_for(records: Any) -> Callable[[int, bytes], tuple[list[Segment], int]]:
+        """The format's split, with runs found by NumPy where the format is perf's."""
+        split: Callable[[int, bytes], tuple[list[Segment], int]] = records.split
+        if isinstance(records, PerfRecords):
+            return lambda key, span: split_span(key, span, _RunFinder())
+        return split
+
+    def strided_dtype(self, stride: int, skip: int) -> np.dtype[Any]:
+        """The decoder's fields ``skip`` bytes into records of ``stride`` bytes."""
+        key = (stride, skip)
+        dtype = self._strided.get(key)
+        if dtype is None:
+            spec = self._spec
+            dtype = self._strided[key] = np.dtype({
+                "names": spec["names"], "formats": spec["formats"],
+                "offsets": [offset + skip for offset in spec["offsets"]], "itemsize": stride,
+            })
+        return dtype
+
+    def from_run(self, key: int, run: Run, first: int, stop: int) -> SampleArray:
+        """Records ``first`` to ``stop`` of a run (each long enough), viewed in place."""
+        count = stop - first
+        at = run.start + first * run.stride
+        values = np.frombuffer(run.span, self.strided_dtype(run.stride, run.skip), count, at)
+        tails = None
+        if self.has_tail:
+            starts = at + run.skip + self.size + np.arange(count, dtype=np.int64) * run.stride
+            tails = Tails(run.span, starts, starts + (run.size - self.size))
+        source = Run(run.span, at, count, run.stride, run.skip, run.size)
+        return SampleArray(key - self.offset, values, tails, map=self.map, _source=source)
+
+    def from_payloads(self, key: int, payloads: list[bytes]) -> SampleArray:
+        """Samples parsed one by one (each long enough): joined, then gathered at C speed."""
+        count = len(payloads)
+        lengths = np.fromiter(map(len, payloads), np.int64, count)
+        blob = b"".join(payloads)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        if count and lengths.min() == lengths.max():
+            values = np.frombuffer(blob, self.strided_dtype(int(lengths[0]), 0), count, 0)
+        else:
+            index = starts[:, None] + np.arange(self.size, dtype=np.int64)
+            values = np.frombuffer(blob, np.uint8)[index].view(self.dtype)[:, 0]
+            values.flags.writeable = False  # like the views: read-only
+        tails = Tails(blob, starts + self.size, ends) if self.has_tail else None
+        return SampleArray(key - self.offset, values, tails, map=self.map, _source=payloads)
+
+    def too_short(self, payloads: list[bytes]) -> list[int]:
+        """Indexes of the payloads shorter than the decoder's fixed part."""
+        lengths = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        return [int(i) for i in np.flatnonzero(lengths < self.size)]
+
+    def from_samples(self, samples: list[Sample[Any]]) -> list[SampleArray]:
+        """Built samples (put back by a per-item consumer) as arrays, one per CPU run."""
+        out: list[SampleArray] = []
+        start = 0
+        for index in range(1, len(samples) + 1):
+            if index == len(samples) or samples[index].cpu != samples[start].cpu:
+                out.append(self.from_payloads(
+                    samples[start].cpu + self.offset, [s.data for s in samples[start:index]]
+                ))
+                start = index
+        return out
+
+    # --- the reader's pieces, as arrays -------------------------------------------------
+
+    def arrays(
+        self, piece: RunPiece | Payloads, builder: EventBuilder, max_rows: int | None,
+        out: list[Any],
+    ) -> None:
+        """One piece of the reader's queue as arrays of at most ``max_rows`` rows each
+        (``BadSample`` where a sample is too short, under the decode_errors policy)."""
+        if isinstance(piece, RunPiece):
+            key, run, first, stop = piece
+            if run.size < self.size:  # all of them too short for the decoder
+                self._bad_rows(builder, key, run.payloads(first, stop), True,
+                               range(stop - first), out)
+                return
+            step = max_rows or stop - first
+            for at in range(first, stop, step):
+                out.append(self.from_run(key, run, at, min(stop, at + step)))
+            return
+        key, payloads, uniform = piece
+        start = 0
+        for index in [*self.too_short(payloads), len(payloads)]:
+            step = max_rows or max(1, index - start)
+            for at in range(start, index, step):
+                out.append(self.from_payloads(key, payloads[at : min(index, at + step)]))
+            if index == len(payloads):
+                return
+            if not self._bad_rows(builder, key, payloads, uniform, (index,), out):
+                return
+            start = index + 1
+
+    @staticmethod
+    def _bad_rows(
+        builder: EventBuilder, key: int, payloads: list[bytes], uniform: bool,
+        indexes: Sequence[int] | range, out: list[Any],
+    ) -> bool:
+        """Samples too short for the decoder, under the decode_errors policy (False: raised)."""
+        decoder = builder.decoder
+        assert decoder is not None
+        for index in indexes:
+            try:
+                decoder(payloads[index])
+            except Exception as exc:
+                if not builder.failed(key, payloads, uniform, index, exc, out):
+                    return False
+        return True
+
+    def front(self, events: Iterable[Event[Any]]) -> list[ArrayItem]:
+        """Built events (a per-item consumer's front queue) as arrays, one per CPU run."""
+        out: list[ArrayItem] = []
+        samples: list[Any] = []
+        for event in events:
+            if isinstance(event, Sample):  # a tagged one too (several maps)
+                samples.append(event)
+                continue
+            if samples:
+                out.extend(self.from_samples(samples))
+                samples = []
+            out.append(event)  # Lost or BadSample
+        if samples:
+            out.extend(self.from_samples(samples))
+        return out
+
+    def events(self, items: Iterable[ArrayItem], builder: EventBuilder) -> list[Event[Any]]:
+        """Built arrays (a columnar consumer's front queue) as events again."""
+        events: list[Any] = []
+        for item in items:
+            if item.__class__ is not SampleArray:
+                events.append(item)
+                continue
+            source = item._source
+            key = item.cpu + self.offset
+            if isinstance(source, _Gathered):  # rows merged by an ordered stream
+                for cpu, data in source.payloads():
+                    builder.payloads(cpu + self.offset, [data], False, events)
+            elif isinstance(source, Run):
+                builder.run(key, source, 0, source.count, events)
+            else:
+                builder.payloads(key, source, False, events)
+        return events

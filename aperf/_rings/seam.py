@@ -1,0 +1,239 @@
+"""The ring-source seam: what a reader needs from "something that has rings".
+
+A source owns rings and their readiness handles; the reader (``_reading/reader.py``)
+takes spans out of the rings and applies the one policy; drivers wait on the
+handles and call the reader. A backend plugs in by implementing
+``RingSource`` (public as ``aperf.abc``): the Linux perf event array
+(``perf/source.py``), the BPF ring buffer (``ringbuf/source.py``), eBPF for
+Windows' perf event array (``windows/perf.py``) and
+``aperf.testing.FakeRingSource`` (``perf/fake.py``) are the four aperf ships.
+A record format splits a span into ``Segment``s, the format-neutral pieces
+defined here.
+
+Readiness is one-shot, as the kernel's perf fds are: a handle fires once per
+wakeup, and ``acknowledge()`` clears it before the rings are
+read, so a wakeup that arrives while they are read is not lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from .._errors import UnsupportedError
+from .._options import Wakeup
+from .._waiting.base import HandleKind as HandleKind  # what sources say their handles are
+from .._waiting.base import OnHandle as OnHandle
+
+# --- what a record format hands the reader: segments of a span, in ring order ---
+
+
+class Run(NamedTuple):
+    """``count`` records of ``stride`` bytes from byte ``start`` of ``span``, each holding a
+    ``size``-byte payload ``skip`` bytes in: a run of one program's fixed-size samples,
+    kept as it sits in the copied span (columnar consumers view it in place)."""
+
+    span: bytes
+    start: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as Lost.count does
+    stride: int
+    skip: int
+    size: int
+
+    def payloads(self, first: int = 0, stop: int | None = None) -> list[bytes]:
+        """The payloads of records ``first`` to ``stop``, each a ``bytes`` of its own."""
+        return list(self.each_payload(first, self.count if stop is None else stop))
+
+    def each_payload(self, first: int, stop: int) -> Iterator[bytes]:
+        """``payloads(first, stop)`` one at a time, for a consumer that zips them with
+        other columns (no list in between)."""
+        at = self.start + first * self.stride
+        view = memoryview(self.span)[at : at + (stop - first) * self.stride]
+        return map(_first, _payload_struct(self.stride, self.skip, self.size).iter_unpack(view))
+
+
+_first = operator.itemgetter(0)
+
+
+@functools.lru_cache(maxsize=256)
+def _payload_struct(stride: int, skip: int, size: int) -> struct.Struct:
+    return struct.Struct(f"{skip}x{size}s{stride - skip - size}x")
+
+
+Segment = tuple[list[bytes], bool] | Run | int
+"""A run of sample payloads (and whether they all have one size), a `Run` of
+identical records in place, or a lost count."""
+
+
+def payloads_of(segment: tuple[list[bytes], bool] | Run) -> list[bytes]:
+    """The payloads of a sample segment, whichever form it has."""
+    return segment.payloads() if isinstance(segment, Run) else segment[0]
+
+
+RunEnd = Callable[[bytes, int, int, int], int]
+"""``(span, pos, size, end)`` -> where the run of identical records from ``pos`` ends."""
+
+
+# --- the protocols ---
+
+
+
+class RecordFormat(Protocol):
+    """How the records of a span are laid out (perf records; BPF ring buffer records)."""
+
+    name: str
+
+    lost_records: bool
+    """Whether the producer writes lost records into the ring (perf does; a BPF ring buffer not)."""
+
+    def split(self, key: int, span: bytes) -> tuple[list[Segment], int]:
+        """Segments of ``span`` in ring order, and the count of records skipped.
+
+        Raises ``BrokenRingError`` on a record that does not fit.
+        """
+        ...
+
+
+class Ring(Protocol):
+    """One ring of a source."""
+
+    key: int
+    """The ring's id: the CPU for a perf event array (what ``Sample.cpu`` says); -1 for a
+    BPF ring buffer, one ring for every CPU."""
+
+    handle: int
+    """Its readiness handle (several rings may share one)."""
+
+    def take(self) -> bytes:
+        """Copy out every complete record and release the space at once (b"" if none)."""
+        ...
+
+    def pending_bytes(self) -> int:
+        """Bytes written and not yet taken."""
+        ...
+
+    def lost_total(self) -> int | None:
+        """The producer's own count of samples dropped since the ring opened, if it keeps one.
+
+        With it the reader reports losses that no lost record announces yet
+        (the kernel writes one only in front of the next sample that fits).
+        """
+        ...
+
+
+class SourceEnded(Exception):
+    """Raised by a source's ``acknowledge(handle)`` when the source is over for good
+    (e.g. another process took its map over): the reader queues what its rings
+    hold if ``drain`` (they are still this reader's), then ``error``, and stops."""
+
+    def __init__(self, error: BaseException, *, drain: bool) -> None:
+        super().__init__(error)
+        self.error = error
+        self.drain = drain
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    """What a driver asks of a source when it opens it."""
+
+    ring_bytes: int | None
+    """Data bytes per ring (a power of two), or None for the source's own size."""
+
+    wakeup: Wakeup
+
+    cpus: tuple[int, ...] | None = None
+    """The CPUs to open rings on (checked), or None for every online CPU (perf only)."""
+
+    map_keys: tuple[int, ...] | None = None
+    """The map slot of each ring of ``cpus``, index for index, or None for the CPU ids."""
+
+    memory_bytes: int | None = None
+    """A budget for all rings together, instead of ``ring_bytes`` (perf only)."""
+
+    overwritable: bool = False
+    """Flight-recorder rings: the kernel overwrites the oldest records (perf only)."""
+
+
+class RingSource(Protocol):
+    """Something that has rings. ``open`` is all-or-nothing; ``free`` is idempotent."""
+
+    name: str
+    handle_kind: HandleKind
+    records: RecordFormat
+
+    def open(self, config: RingConfig) -> Sequence[Ring]:
+        """Create (or attach to) the rings; raise and hold nothing if any step fails."""
+        ...
+
+    @property
+    def ring_bytes(self) -> int:
+        """Data bytes of each ring (once open)."""
+        ...
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory the rings take in all (once open)."""
+        ...
+
+    def acknowledge(self, handle: int) -> None:
+        """Clear ``handle``'s readiness before its rings are read.
+
+        A source may also have ``notices``: readiness handles of no ring that the
+        drivers wait on too (a map lock's take-over requests). Their
+        ``acknowledge`` may raise ``SourceEnded``.
+        """
+        ...
+
+    def free(self) -> None:
+        """Release the rings and handles (idempotent). No ring may be read afterwards."""
+        ...
+
+    def after_fork(self) -> None:
+        """In a child process that inherited the open source: close this process's
+        copies of the handles and release nothing shared with the parent (memory,
+        map slots). Nothing may be read afterwards."""
+        ...
+
+
+class PausableSource(Protocol):
+    """What a source may add (optional): stopping its producer at the source.
+
+    A perf event array pauses by emptying its map slots, so that the BPF program's
+    ``bpf_perf_event_output()`` fails with ``-ENOENT`` (counted by the BPF side, not
+    by aperf) instead of filling rings; the rings stay open and what they hold is
+    still read. Both calls are idempotent.
+    """
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def set_paused(source: RingSource, paused: bool) -> None:
+    """``pause()``/``resume()`` of a driver: the source's, or ``UnsupportedError``."""
+    step = getattr(source, "pause" if paused else "resume", None)
+    if step is None:
+        raise UnsupportedError(
+            f"{source.name} cannot pause its producer: it has no map slots to empty "
+            "(a BPF ring buffer has one ring for every CPU and no slots); stop or detach "
+            "the BPF program instead"
+        )
+    step()
+
+
+def _members(protocol: type) -> tuple[str, ...]:
+    """A protocol's members as declared: annotated attributes, methods and properties."""
+    names = dict.fromkeys(getattr(protocol, "__annotations__", {}))
+    for name, value in vars(protocol).items():
+        if not name.startswith("_") and (callable(value) or isinstance(value, property)):
+            names[name] = None
+    return tuple(names)
+
+
+RING_SOURCE_MEMBERS = _members(RingSource)
+"""Every member a ring source must have: ``PerfStream``/``PerfBuffer`` refuse a source
+lacking any of them (``TypeError`` naming it), before anything opens."""

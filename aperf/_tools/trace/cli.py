@@ -1,0 +1,492 @@
+"""``aperf-trace``: options, the trace loop, and every failure as one line on stderr.
+
+Exit status: 0 when stopped by SIGINT/SIGTERM or when the reader of stdout went
+away, 1 when it cannot run (one line says why), 2 for bad options (argparse), and
+for ``--nats`` credentials or permissions the NATS server refused (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+import aperf
+
+from .. import nats_options as _natsargs
+from .output import LineOutput
+from .preflight import SetupError, ensure_tracefs, missing_privileges
+from .render import HEADER, event_decoder, json_record, table_line
+from .shards import trace_shard, trace_sharded
+
+PROG = "aperf-trace"
+DEFAULT_PAGES = 8  # per CPU, as the C original: 8 x 4 KiB = 32 KiB
+DEFAULT_RINGBUF_PAGES = 64  # the whole ring buffer, as libbpf-bootstrap's bootstrap: 256 KiB
+MAX_PAGES = 8192  # 32 MiB per CPU: far more than exec/exit rates need, and still mappable
+# Execs and exits are rare (tens to thousands a second): a kernel wakeup per event,
+# as libbpf's default in the C original, costs little, and leaves no drain timer
+# ticking while the machine is idle. "balanced" suits high event rates.
+DEFAULT_WAKEUP = "lowest-latency"
+WAKEUPS = ("lowest-latency", "balanced", "throughput")
+# Events come out in time order across CPUs (an EXIT never before its EXEC): ordered
+# by the event's bpf_ktime_get_boot_ns() stamp, each held at most ORDER_LATENESS
+# seconds (docs/ordering.md); --unordered gives ring order, as the C original.
+ORDER_BY = "timestamp_ns"
+FLEET_STREAM = "bootstrap_legacy"  # the stream name the tracer publishes under (--nats)
+
+Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def shipped_object(name: str = "bootstrap_legacy") -> Path:
+    """A tracer's BPF object, as shipped in the aperf package (``bootstrap_legacy``:
+    perf event array; ``bootstrap``: BPF ring buffer)."""
+    return Path(str(resources.files("aperf") / "_objects" / f"{name}.bpf.o"))
+
+
+@contextlib.contextmanager
+def tracer_object(
+    path: str | os.PathLike[str], min_duration_ns: int = 0, ringbuf_bytes: int | None = None
+) -> Iterator[aperf.BPFObject]:
+    """Open the BPF object, set its ``min_duration_ns`` global (and the size of its ring
+    buffer, if it has one), load it and attach it.
+
+    Closing the object (leaving the ``with`` block) detaches both programs and
+    frees the maps.
+    """
+    with aperf.BPFObject(path) as obj:
+        # A ``const volatile`` global lives in .rodata: it can only be set before
+        # load, and the verifier then treats it as a constant (dead branches vanish).
+        obj.set_global("min_duration_ns", min_duration_ns)
+        if ringbuf_bytes is not None and "rb" in obj.maps:
+            obj.maps["rb"].set_max_entries(ringbuf_bytes)  # a ring buffer is sized at load
+        obj.load()
+        obj.attach()
+        yield obj
+
+
+def event_source(obj: aperf.BPFObject) -> aperf.Map | aperf.RingBufferSource:
+    """Where the object's events arrive: its ring buffer ``rb`` (bootstrap.bpf.c), with the
+    programs' own count of events that found no room, or its perf event array."""
+    if "rb" not in obj.maps:
+        return obj.maps["perf_buffer"]
+    dropped = obj.maps["dropped"]
+
+    def dropped_events() -> int:  # the kernel counts no ring buffer drops: the programs do
+        return int.from_bytes(dropped.lookup(bytes(4)), "little")
+
+    return aperf.RingBufferSource(obj.maps["rb"], dropped=dropped_events)
+
+
+def lost_message(lost: aperf.Lost) -> str:
+    if lost.cpu == aperf.NO_CPU:  # one ring buffer for every CPU
+        return f"Lost {lost.count} events!"
+    return f"Lost {lost.count} events on CPU #{lost.cpu}!"
+
+
+def warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class StopSignals(aperf.SignalCloser):
+    """While entered, SIGINT and SIGTERM run the registered stop actions
+    ([`aperf.closing_on_signals`][aperf.closing_on_signals], with the tracer's names).
+
+    The loop runs them in its own thread, between two callbacks: nothing is
+    interrupted mid-line, no task is cancelled. Installed before the (synchronous)
+    load, so that a signal during the load is held and acted on right after it.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        super().__init__((), self.SIGNALS)
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal came."""
+        return self.signal is not None
+
+    def on_stop(self, action: Callable[[], None]) -> None:
+        """Run ``action`` at the stop signal (at once if it already came)."""
+        self.add(action)
+
+
+class Printer:
+    """How the tracer shows each item of the stream: events on stdout, trouble on stderr."""
+
+    def __init__(self, out: LineOutput, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+
+    async def header(self) -> None:
+        if not self.as_json:
+            await self.out.write(HEADER)
+
+    async def sample(self, sample: aperf.Sample) -> None:
+        now = datetime.datetime.now().astimezone()  # when read, as in the C original
+        if self.as_json:
+            await self.out.write(json.dumps(json_record(sample, now)))
+        else:
+            await self.out.write(table_line(sample.value, now))
+
+    async def show(self, item: aperf.Sample | aperf.Lost | aperf.BadSample) -> None:
+        if isinstance(item, aperf.Sample):
+            await self.sample(item)
+        elif isinstance(item, aperf.Lost):
+            warn(lost_message(item))
+        else:
+            warn(f"Bad sample on CPU #{item.cpu}: {item.error}")
+
+
+async def trace(args: argparse.Namespace) -> int:
+    """Print every exec and exit until SIGINT/SIGTERM, or until stdout's reader goes away;
+    with ``--nats``, publish them to JetStream too."""
+    out = await LineOutput.open()
+    sink = await open_sink(args)
+    try:
+        with StopSignals() as stop, tracer_object(
+            args.object, args.duration * 1_000_000, ringbuf_bytes(args)
+        ) as obj:
+            stop.on_stop(out.stop)
+            source = event_source(obj)
+            stream = aperf.PerfStream(
+                source, pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
+                decoder=event_decoder(obj), wakeup=args.wakeup, order_by=order_by(args),
+            )
+            async with stream:
+                # Closing the stream frees the rings at once; the loop then hands
+                # out what was already read, and ends.
+                stop.on_stop(stream.close)
+                printer = Printer(out, args.json)
+                await printer.header()
+                if sink is None:
+                    await show_all(stream, printer)
+                else:
+                    await publish(stream, printer, sink, stop)
+    finally:
+        try:
+            await out.aclose()
+        finally:
+            if sink is not None:
+                await sink.aclose()
+    return 0
+
+
+async def show_all(stream: aperf.PerfStream[Any], printer: Printer) -> None:
+    """Print every item until the stream ends; close it if stdout's reader went away."""
+    async for item in stream:
+        await printer.show(item)
+        if printer.out.broken:
+            stream.close()
+
+
+async def open_sink(args: argparse.Namespace) -> Any:
+    """With ``--nats URL``: an open aperf.fleet sink that publishes every event too."""
+    if not args.nats:
+        return None
+    try:
+        from aperf.fleet import FleetConfigError, JetStreamSink
+    except ImportError as exc:
+        raise SetupError(str(exc)) from None
+    from aperf.fleet import FleetAuthError
+
+    _natsargs.quiet_tls_eof()
+    try:
+        sink = JetStreamSink(
+            _natsargs.servers(args.nats), host=args.host, name=FLEET_STREAM,
+            **_natsargs.keywords(args),
+        )
+        await sink.open()
+    except FleetAuthError as exc:
+        raise OptionError(f"--nats: {exc}") from None
+    except FleetConfigError as exc:
+        raise SetupError(f"--nats: {exc}") from None
+    except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
+        raise OptionError(f"--nats: {exc}") from None
+    return sink
+
+
+class OptionError(SetupError):
+    """An option is wrong (``--nats`` credentials the server refused): exit status 2."""
+
+
+async def publish(
+    stream: aperf.PerfStream[Any], printer: Printer, sink: Any, stop: StopSignals
+) -> None:
+    """Print each batch, then publish it (waiting while JetStream is slow: backpressure
+    then ends in the kernel's lost counters, which are published when it is back)."""
+
+    closing: list[asyncio.Future[None]] = []
+
+    def give_up() -> None:  # a send() waiting for JetStream gives up (counted as dropped)
+        closing.append(asyncio.ensure_future(sink.aclose(timeout=1.0)))
+
+    stop.on_stop(give_up)
+    async for batch in stream.batches():
+        for item in batch:
+            await printer.show(item)
+        if printer.out.broken:
+            stream.close()
+        if stop.requested:
+            continue
+        try:
+            await sink.send(batch)
+        except aperf.AperfError as exc:
+            from aperf.fleet import FleetAuthError
+
+            if isinstance(exc, FleetAuthError):  # e.g. this user may not publish as --host
+                raise OptionError(f"--nats: {exc}") from None
+            if not stop.requested:  # else: the stop closed the sink meanwhile
+                raise
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def order_by(args: argparse.Namespace) -> str | None:
+    """The field events are ordered by (None: --unordered, ring order)."""
+    return None if args.unordered else ORDER_BY
+
+
+def positive_power_of_two(text: str) -> int:
+    """``--pages``: a power of two from 1 to MAX_PAGES."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1 or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{text} is not a power of two (1, 2, 4, 8, ...)")
+    if value > MAX_PAGES:
+        raise argparse.ArgumentTypeError(
+            f"{text} pages is more than the limit, {MAX_PAGES} "
+            f"({MAX_PAGES * 4 // 1024} MiB per CPU)"
+        )
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not positive")
+    return value
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def ringbuf_bytes(args: argparse.Namespace) -> int | None:
+    """The ring buffer's size from ``--pages`` with ``--ringbuf`` (None: a perf event array)."""
+    return args.pages * 4096 if args.ringbuf else None
+
+
+def parse_args(
+    argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None,
+    fleet: bool = True,
+) -> argparse.Namespace:
+    """The options; ``default_object`` is the perf event array tracer's object, and the
+    ring buffer twin's (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
+    default_object = default_object or shipped_object()
+    ringbuf_object = default_object.with_name("bootstrap.bpf.o")
+    parser = argparse.ArgumentParser(
+        prog=command,
+        description="Trace process exec and exit events (BPF perf event array, read by aperf).",
+    )
+    parser.add_argument(
+        "-d", "--duration", type=non_negative, default=0, metavar="MS",
+        help="report only exits of processes that ran at least MS milliseconds "
+        "(execs are then not reported)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="print libbpf's debug output and aperf's logs to stderr",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per event per line")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio",
+        help="event loop to run on (uvloop: pip install 'aperf-bpf[uvloop]')",
+    )
+    parser.add_argument(
+        "--pages", type=positive_power_of_two, default=None, metavar="N",
+        help=f"ring size in 4 KiB pages, a power of two up to {MAX_PAGES}: per CPU "
+        f"(default {DEFAULT_PAGES}), or of the one ring buffer with --ringbuf "
+        f"(default {DEFAULT_RINGBUF_PAGES})",
+    )
+    parser.add_argument(
+        "--ringbuf", action="store_true",
+        help="trace with the ring buffer twin (bootstrap.bpf.c, libbpf-bootstrap's "
+        "'bootstrap'): one BPF ring buffer for every CPU instead of a perf event array",
+    )
+    parser.add_argument(
+        "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
+        help=f"when the kernel wakes the reader (default {DEFAULT_WAKEUP}: at every event)",
+    )
+    parser.add_argument(
+        "--unordered", action="store_true",
+        help="print events in ring order (each CPU's in turn, as they are read) instead of "
+        "in time order across CPUs (which holds an event up to 0.1 s)",
+    )
+    parser.add_argument(
+        "--object", type=Path, default=None, metavar="PATH",
+        help=f"the compiled BPF object (default: {default_object}, with --ringbuf "
+        f"{ringbuf_object})",
+    )
+    parser.add_argument(
+        "--shards", type=positive, default=None, metavar="N",
+        help="read the CPUs' rings in N processes (at most one per online CPU), for hosts "
+        "where one process cannot keep up; the tracer is loaded once",
+    )
+    # A shard of --shards N: the pinned map and the CPUs it reads (set by the parent).
+    parser.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--shard-cpus", default=None, help=argparse.SUPPRESS)
+    if fleet:
+        parser.add_argument(
+            "--nats", metavar="URL[,URL...]",
+            help="also publish every event to NATS JetStream at URL (several, comma-separated: "
+            "nodes of a cluster; needs aperf-bpf[nats]; the "
+            "stream must exist: python -m aperf.fleet create-stream --nats URL); "
+            "python -m examples.fleet_view shows a fleet",
+        )
+        parser.add_argument(
+            "--host", default=socket.gethostname(), metavar="NAME",
+            help="the host name published with --nats (default: this machine's)",
+        )
+        _natsargs.add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.shards is not None and (args.ringbuf or getattr(args, "nats", None)):
+        parser.error("--shards reads a perf event array in several processes: it does not go "
+                     "with --ringbuf (one ring for every CPU) or --nats")
+    if fleet and args.nats is not None:
+        check_fleet_options(parser, args)
+    if args.pages is None:
+        args.pages = DEFAULT_RINGBUF_PAGES if args.ringbuf else DEFAULT_PAGES
+    if args.object is None:
+        args.object = ringbuf_object if args.ringbuf else default_object
+    return args
+
+
+def check_fleet_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--nats`` and ``--host`` as the sink would take them; a mistake is one line and
+    status 2, like any bad option (without aperf-bpf[nats], open_sink says what is missing)."""
+    try:
+        from aperf.fleet._args import name_problem, url_problem
+    except ImportError:
+        return
+    for url in _natsargs.servers(args.nats):  # URL[,URL...]: each checked
+        problem = url_problem(url)
+        if problem:
+            shown = url if len(url) <= 80 else url[:80] + "..."
+            parser.exit(2, f"{parser.prog}: error: argument --nats: {shown!r} is not a NATS "
+                        f"URL: {problem}\n")
+    problem = name_problem(args.host)
+    if problem:
+        shown = args.host if len(args.host) <= 40 else args.host[:40] + "..."
+        parser.exit(2, f"{parser.prog}: error: argument --host: the host name {problem}: "
+                    f"{shown!r}\n")
+
+
+def configure_logging(verbose: bool) -> None:
+    """Human-readable logs on stderr only: stdout carries the events and nothing else."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if verbose else logging.WARNING
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def run(args: argparse.Namespace, trace: Trace = trace) -> int:
+    if args.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise SetupError(
+                "--loop uvloop needs uvloop, which is not installed: "
+                "pip install 'aperf-bpf[uvloop]'"
+            ) from None
+        return uvloop.run(trace(args))
+    return asyncio.run(trace(args))
+
+
+def first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0]
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    name: str = PROG,
+    command: str = PROG,
+    default_object: Path | None = None,
+    trace: Trace = trace,
+    fleet: bool = True,
+) -> int:
+    """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program;
+    ``fleet``: whether it takes ``--nats`` and ``--host``."""
+    args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
+    configure_logging(args.verbose)
+
+    def fail(message: str, status: int = 1) -> int:
+        warn(f"{name}: {message}")
+        return status
+
+    reason = missing_privileges()
+    if reason is not None:
+        return fail(reason)
+    if args.verbose:
+        aperf.set_libbpf_verbose(True)
+    try:
+        ensure_tracefs()
+        if args.shard_of is not None:
+            trace = trace_shard
+        elif args.shards is not None:
+            trace = trace_sharded
+        return run(args, trace)
+    except OptionError as exc:
+        return fail(str(exc), 2)
+    except SetupError as exc:
+        return fail(str(exc))
+    except aperf.ObjectFileError as exc:
+        if not os.path.exists(exc.path):
+            return fail(f"BPF object {exc.path} does not exist; build it with: make -C bpf")
+        return fail(f"cannot open BPF object {exc.path}: {first_line(exc.detail)}")
+    except aperf.LibbpfUnavailableError as exc:
+        return fail(f"libbpf is not available: {first_line(str(exc))}")
+    except aperf.VerifierError as exc:
+        # Several lines on purpose: the end of the verifier's log says why.
+        return fail(str(exc))
+    except aperf.MissingPrivilegesError as exc:
+        return fail(f"the kernel refused ({exc.function}(): {exc.strerror}); {exc.hint}")
+    except PermissionError as exc:
+        return fail(f"{exc.strerror}: {exc.filename}" if exc.filename else str(exc))
+    except aperf.AperfError as exc:
+        # Also a kernel without BPF (ENOSYS) or without these tracepoints (ENOENT).
+        # libbpf's log lines follow the first line; -v shows all of them.
+        return fail(first_line(str(exc)) + ("" if args.verbose else " (-v shows libbpf's log)"))
+    except KeyboardInterrupt:  # Ctrl-C before the loop's handler was installed
+        return 0
