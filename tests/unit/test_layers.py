@@ -1,5 +1,6 @@
-"""The import graph of aperf/: drivers above one reader, sources below it, the
-ctypes binding only under sources, objects and BTF; no cycle, nothing upward."""
+"""The import graph of aperf/, package by package: each package on a floor, drivers above
+one reader, sources below it, ctypes only in _native; no cycle between any two modules,
+nothing upward, at the top and inside every package that has floors of its own."""
 
 from __future__ import annotations
 
@@ -9,57 +10,91 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 
-# Each module's floor. A module may import its own floor and the ones below.
+# The floors of aperf/, bottom up. A unit (a top-level module or package) may import its
+# own floor and the ones below. The entry points (``python -m aperf``, ``python -m
+# aperf.fleet``) sit on the top floor, wherever their file is: fleet's __main__ takes the
+# tools' NATS options, and the tools use aperf.fleet.
 FLOORS = {
-    "_errors": 0, "_log": 0, "_prototypes": 0, "_privileges": 0, "_map_types": 0,
-    "_naming": 0,
-    "_events": 1, "_options": 1, "_libbpf": 1, "_map_lock": 1, "_hotplug": 1, "_waiting.base": 1,
-    # The seam (_source: the protocols and the segment types every format hands the
-    # reader) sits on the formats' floor, under the sources that implement it.
-    "_source": 2,
-    "_object": 2, "_btf": 2, "_perf_format": 2, "_ringbuf_format": 2, "_decode": 2,
-    "_layout": 2, "_callbacks": 2, "_encode": 2, "_user_ringbuf_format": 2, "_backward": 2,
-    "_map_spec": 3, "_perf_source": 3, "_ringbuf_source": 3, "_fake": 3,
-    "_ebpfwin": 3, "_columnar": 3, "_clock": 3, "_losses": 3, "_build": 3, "_order": 3,
-    "_multi": 3,
-    "_reader": 4, "_overwrite": 4,
-    "_setup": 5, "_lifetime": 5, "_waiting": 5, "_waiting.asyncio": 5, "_waiting.trio": 5,
-    "_waiting.epoll": 5, "_user_ringbuf": 5, "_lease": 5,
-    "_stream": 6, "_sync": 6, "_signals": 6,
-    "__init__": 7, "abc": 7, "decoders": 7, "testing": 7, "_natsargs": 7,
-    "_trace": 8, "__main__": 8, "fleet": 8,  # tools built on the public API
+    "_errors": 0, "_privileges": 0, "_log": 0, "_naming": 0, "_events": 0, "_options": 0,
+    "_native": 1,  # the only ctypes: libbpf, ebpfapi.dll, libc's mmap
+    "_waiting": 2,  # how drivers wait; knows no ring (the seam takes its HandleKind)
+    "_decoding": 3,
+    "_bpf": 4,  # BPF objects and BTF (BTF compiles decoders)
+    "_rings": 5,  # the seam and the sources
+    "_reading": 6,  # the one reading policy
+    "_drivers": 7,
+    "__init__": 8, "abc": 8, "decoders": 8, "testing": 8,  # the public API
+    "fleet": 9,  # public too, built on the API above
+    "_tools": 10,  # commands
+    "__main__": 11, "fleet.__main__": 11,
 }
-# Subpackages whose modules sit on floors of their own (the waiting protocols are
-# vocabulary the seam uses; the loops' bindings sit with the drivers).
-SPLIT = {"_waiting"}
-# __init__ re-exports; testing's Producer runs a program through the binding; a lease
-# maps perf rings a second time through it (_libbpf/_shared_ring.py). _ebpfwin
-# has its own binding and shares only _prototypes (MapInfo) with libbpf's. The asyncio
-# binding takes libc's timerfd from there (ctypes lives only there), not libbpf.
-BINDING_USERS = {
-    "_object", "_btf", "_map_spec", "_perf_source", "testing", "__init__", "_lease",
-    "_waiting.asyncio",
+ENTRY_POINTS = {"__main__", "fleet.__main__"}
+
+# Floors inside packages (their modules and subpackages), bottom up, by the same rule.
+# A package not listed here (fleet) is checked for cycles only.
+INSIDE = {
+    "_native": {"prototypes": 0, "shared_ring": 0, "libbpf": 1, "ebpfapi": 1},
+    "_native.libbpf": {"binding": 0, "api": 1, "__init__": 2},
+    "_native.ebpfapi": {"binding": 0, "api": 1},
+    # The protocols are vocabulary the seam uses; the loops' bindings sit above them, and
+    # __init__ (which chooses one) on top.
+    "_waiting": {"base": 0, "epoll": 0, "win32": 0, "asyncio": 1, "trio_win32": 1,
+                 "trio": 2, "__init__": 3},
+    "_decoding": {"layout": 0, "decode": 1, "encode": 2},
+    "_bpf": {"map_types": 0, "btf": 0, "object": 1},
+    # The seam (the protocols and the segment types every format hands the reader) sits
+    # under the formats and sources that implement it; Windows' ring buffer reads with
+    # the ring buffer format.
+    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "perf": 2, "ringbuf": 2,
+               "windows": 3},
+    "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
+    "_rings.ringbuf": {"format": 0, "source": 1, "user_format": 1},
+    "_rings.windows": {"perf": 0, "ringbuf": 1},
+    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
+                 "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
+    "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
+                 "stream": 2, "sync": 3},
+    "_tools": {"nats_options": 0, "trace": 1},
+    "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "shards": 1, "cli": 2},
 }
-# The map-backed sources are siblings: none imports another (they share _map_spec and
-# the seam). The fake is a perf ring and takes the perf source's wakeup settings.
-MAP_SOURCES = {"_perf_source", "_ringbuf_source", "_ebpfwin"}
+
+# Known exceptions, each an import (module -> module) that breaks a rule above today and
+# is to go. test_the_known_exceptions_are_still_there fails once one is gone: then
+# delete it here.
+KNOWN = {
+    # Issue 30: the tracer's shards import back from cli (StopSignals, Printer,
+    # tracer_object, show_all, order_by) while cli imports shards: a cycle. Breaking it
+    # moves those functions into a module of their own (a later phase of issue 30).
+    ("_tools.trace.shards", "_tools.trace.cli"),
+}
+
+# Who may import each binding of _native: __init__ re-exports (libbpf_version);
+# testing's Producer runs a program; the asyncio binding takes libc's timerfd from
+# libbpf's binding. eBPF for Windows' binding serves its sources and waits only, and the
+# second mapping of perf rings serves leases.
+NATIVE_USERS = {
+    "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
+                       "testing", "__init__", "_waiting.asyncio"},
+    "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.perf",
+                        "_rings.windows.ringbuf"},
+    "_native.shared_ring": {"_drivers.lease"},
+}
+# The map-backed source families are siblings: none imports another's source (they share
+# map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
+MAP_SOURCES = ("_rings.perf.source", "_rings.ringbuf.source", "_rings.windows")
 
 
-def unit_of(path: Path) -> str:
-    rel = path.relative_to(PACKAGE)
-    if len(rel.parts) == 1:
-        return rel.stem
-    if rel.parts[0] in SPLIT and rel.stem != "__init__":
-        return f"{rel.parts[0]}.{rel.stem}"
-    return rel.parts[0]
+def module_of(path: Path) -> str:
+    """aperf/_rings/perf/source.py -> "_rings.perf.source"; a package's __init__.py ->
+    the package ("_waiting"); aperf/__init__.py -> "__init__"."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
 
 
-def _unit_named(dotted: str) -> str:
-    """The unit of the aperf module ``dotted`` (relative to the package)."""
-    parts = dotted.split(".")
-    if parts[0] in SPLIT and len(parts) > 1:
-        return f"{parts[0]}.{parts[1]}"
-    return parts[0]
+def _is_package(module: str) -> bool:
+    return module == "__init__" or (PACKAGE / module.replace(".", "/")).is_dir()
 
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
@@ -77,97 +112,157 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 def imports() -> dict[str, set[str]]:
-    """unit -> the aperf units it imports (subpackages count as one unit)."""
+    """module -> the aperf modules it imports at run time (lazy imports included)."""
+    modules = {module_of(p): p for p in PACKAGE.rglob("*.py")}
+
+    def named(dotted: str) -> str:
+        return dotted if dotted else "__init__"
+
+    def target(base: str, name: str) -> str:
+        # ``from base import name``: the submodule base.name if there is one, else base.
+        full = f"{base}.{name}" if base else name
+        return full if full in modules else named(base)
+
     graph: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
-        unit = unit_of(path)
-        deps = graph.setdefault(unit, set())
-        rel = path.relative_to(PACKAGE)
-        inside_subpackage = len(rel.parts) > 1
+    for module, path in modules.items():
+        deps = graph.setdefault(module, set())
+        here = [] if module == "__init__" else module.split(".")
+        package = here if _is_package(module) else here[:-1]
         for node in _runtime_nodes(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                if node.level == 1 and inside_subpackage:
-                    if rel.parts[0] not in SPLIT:
-                        continue  # within the subpackage
-                    names = [node.module] if node.module else [a.name for a in node.names]
-                    deps.update(_unit_named(f"{rel.parts[0]}.{name}") for name in names)
-                elif node.module:
-                    deps.add(_unit_named(node.module))
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base_parts = package[: len(package) - (node.level - 1)]
+                    base = ".".join(base_parts + ([node.module] if node.module else []))
+                elif node.module == "aperf" or (node.module or "").startswith("aperf."):
+                    base = (node.module or "")[len("aperf."):]
                 else:
-                    deps.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.Import | ast.ImportFrom):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
-                    node.module or ""
-                ]
-                for name in names:
-                    if name.startswith("aperf."):
-                        deps.add(_unit_named(name.split(".", 1)[1]))
-                    elif name == "aperf":
+                    continue
+                deps.update(target(base, alias.name) for alias in node.names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == "aperf":
                         deps.add("__init__")
-        deps.discard(unit)
+                    elif alias.name.startswith("aperf."):
+                        deps.add(named(alias.name[len("aperf."):]))
+        deps.discard(module)
     return graph
 
 
+def top_unit(module: str) -> str:
+    return module if module in ENTRY_POINTS else module.split(".")[0]
+
+
+def child_of(package: str, module: str) -> str:
+    """The module or subpackage of ``package`` that holds ``module``."""
+    return "__init__" if module == package else module[len(package) + 1:].split(".")[0]
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def floors_of(importer: str, imported: str) -> tuple[str, int, int] | None:
+    """Where an import is judged: (the package whose floors decide, the importer's floor,
+    the imported's floor), or None where no floors are declared (fleet inside)."""
+    a, b = top_unit(importer), top_unit(imported)
+    if a != b:
+        return "aperf", FLOORS[a], FLOORS[b]
+    package = a
+    while package in INSIDE:
+        ca, cb = child_of(package, importer), child_of(package, imported)
+        if ca != cb:
+            floors = INSIDE[package]
+            return package, floors[ca], floors[cb]
+        package = f"{package}.{ca}"
+    return None
+
+
 def test_every_module_has_a_floor() -> None:
-    assert set(imports()) <= set(FLOORS), "place new modules in FLOORS"
+    graph = imports()
+    assert {top_unit(m) for m in graph} <= set(FLOORS), "place new modules in FLOORS"
+    missing = []
+    for module, deps in graph.items():
+        for package, floors in INSIDE.items():
+            if _inside(module, package):
+                child = child_of(package, module)
+                # A package's __init__ that only says its job needs no floor.
+                if child not in floors and (child != "__init__" or deps):
+                    missing.append(f"{module} (in {package})")
+    assert not missing, "place these in INSIDE"
 
 
 def test_nothing_imports_upward() -> None:
-    upward = [
-        f"{unit} (floor {FLOORS[unit]}) imports {dep} (floor {FLOORS[dep]})"
-        for unit, deps in imports().items()
-        for dep in deps
-        if FLOORS[dep] > FLOORS[unit]
-    ]
+    upward = []
+    for module, deps in imports().items():
+        for dep in deps:
+            judged = floors_of(module, dep)
+            if judged and judged[2] > judged[1] and (module, dep) not in KNOWN:
+                package, mine, theirs = judged
+                upward.append(f"{module} (floor {mine} of {package}) imports {dep} "
+                              f"(floor {theirs})")
     assert not upward
 
 
 def test_no_cycle() -> None:
-    graph = imports()
+    graph = {m: {d for d in deps if (m, d) not in KNOWN} for m, deps in imports().items()}
     state: dict[str, int] = {}
 
-    def visit(unit: str, path: list[str]) -> None:
-        state[unit] = 1
-        for dep in graph.get(unit, ()):
-            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*path, unit, dep])}"
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*path, module, dep])}"
             if dep not in state:
-                visit(dep, [*path, unit])
-        state[unit] = 2
+                visit(dep, [*path, module])
+        state[module] = 2
 
-    for unit in graph:
-        if unit not in state:
-            visit(unit, [])
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
 
 
-def test_the_binding_is_reached_only_by_sources_objects_and_btf() -> None:
-    users = {unit for unit, deps in imports().items() if "_libbpf" in deps}
-    assert users <= BINDING_USERS
+def test_the_known_exceptions_are_still_there() -> None:
+    graph = imports()
+    assert [edge for edge in KNOWN if edge[1] not in graph.get(edge[0], ())] == []
+
+
+def test_each_binding_is_reached_only_by_its_users() -> None:
+    strays = [
+        f"{module} imports {dep}"
+        for module, deps in imports().items() if not _inside(module, "_native")
+        for dep in deps
+        for binding, users in NATIVE_USERS.items()
+        if _inside(dep, binding) and module not in users
+    ]
+    assert not strays
 
 
 def test_map_backed_sources_do_not_import_one_another() -> None:
-    graph = imports()
-    chained = [f"{unit} imports {dep}" for unit in sorted(MAP_SOURCES)
-               for dep in sorted(graph[unit] & MAP_SOURCES)]
+    def family(module: str) -> str | None:
+        return next((f for f in MAP_SOURCES if _inside(module, f)), None)
+
+    chained = [f"{module} imports {dep}" for module, deps in sorted(imports().items())
+               for dep in sorted(deps)
+               if family(module) and family(dep) and family(module) != family(dep)]
     assert not chained
 
 
 def test_the_btf_room_knows_no_bpf_object() -> None:
-    source = (PACKAGE / "_btf.py").read_text()
-    assert "_object" not in imports()["_btf"] and "TYPE_CHECKING" not in source
+    source = (PACKAGE / "_bpf" / "btf.py").read_text()
+    assert "_bpf.object" not in imports()["_bpf.btf"] and "TYPE_CHECKING" not in source
 
 
 def test_the_reader_reaches_no_binding() -> None:
     graph = imports()
     seen: set[str] = set()
-    todo = ["_reader"]
+    todo = ["_reading.reader"]
     while todo:
-        unit = todo.pop()
-        if unit not in seen:
-            seen.add(unit)
-            todo.extend(graph.get(unit, ()))
-    assert not seen & {
-        "_libbpf", "_object", "_btf", "_perf_source", "_ebpfwin", "_stream", "_sync"
-    }
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    forbidden = ("_native", "_bpf.object", "_bpf.btf", "_rings.perf.source", "_rings.windows",
+                 "_drivers")
+    assert not [m for m in seen if any(_inside(m, f) for f in forbidden)]
 
 
 def test_importing_aperf_loads_no_library() -> None:
@@ -186,16 +281,67 @@ def test_importing_aperf_loads_no_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_architecture_page_draws_these_floors() -> None:
-    # docs/architecture.md's picture: a line "  N name ..." starts floor N, and every
-    # module named (``x.py`` or ``x/``) until the next one sits on that floor here.
+NAME = re.compile(r"\w+(?:\.py|/)")
+
+
+def drawn_tree() -> tuple[dict[str, int], list[str]]:
+    """docs/architecture.md's picture, read as a folder tree: each line names files
+    (``x.py``) and folders (``x/``) side by side, then says what they are; a folder's
+    contents are the lines under it indented deeper. A number in the first four columns
+    starts a floor of aperf/. Returns each path drawn (``_rings/perf/source.py``) with its
+    floor, in the order drawn."""
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     picture = page.split("```", 2)[1]
     drawn: dict[str, int] = {}
+    order: list[str] = []
+    stack: list[tuple[int, str]] = []  # (indent, folder path) of the open folders
     floor = -1
-    for line in picture.splitlines():
+    for line in picture.splitlines()[1:]:
         if line[:4].strip().isdigit():
             floor = int(line[:4])
-        for name in re.findall(r"(?<![\w./])(\w+(?:/\w+)?)(?:\.py\b|/)", line):
-            drawn.setdefault(name.replace("/", "."), floor)  # _waiting/base.py: _waiting.base
-    assert drawn == FLOORS
+        rest = line[4:]
+        words = rest.split()
+        if not words or not NAME.fullmatch(words[0]) or words[0] == "aperf/":
+            continue
+        indent = len(rest) - len(rest.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else ""
+        names = []
+        for word in words:
+            if not NAME.fullmatch(word):
+                break
+            names.append(word)
+            drawn[parent + word] = floor
+            order.append(parent + word)
+        if names[-1].endswith("/"):
+            stack.append((indent, parent + names[-1]))
+    return drawn, order
+
+
+def test_the_architecture_page_draws_this_tree() -> None:
+    # Every module is drawn where it is (a package's __init__.py when it holds more than
+    # its docstring), and nothing else; each top-level unit on its floor; inside a
+    # package with floors, the higher floors drawn first (the picture reads top-down).
+    drawn, order = drawn_tree()
+    files = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        body = ast.parse(path.read_text()).body
+        only_docstring = len(body) <= 1 and all(isinstance(n, ast.Expr) for n in body)
+        if rel.name == "__init__.py" and len(rel.parts) > 1 and only_docstring:
+            continue
+        files[rel.as_posix()] = path
+    folders = {p.relative_to(PACKAGE).as_posix() + "/" for p in PACKAGE.rglob("*")
+               if p.is_dir() and any(p.glob("*.py"))}
+    assert set(drawn) == set(files) | folders
+    tops = {name.removesuffix(".py").removesuffix("/"): floor for name, floor in drawn.items()
+            if "/" not in name.rstrip("/")}
+    assert tops == {unit: floor for unit, floor in FLOORS.items() if "." not in unit}
+    for package, floors in INSIDE.items():
+        folder = package.replace(".", "/") + "/"
+        children = [name[len(folder):].rstrip("/").removesuffix(".py") for name in order
+                    if name.startswith(folder) and name != folder
+                    and "/" not in name[len(folder):].rstrip("/")]
+        drawn_floors = [floors[child] for child in children]
+        assert drawn_floors == sorted(drawn_floors, reverse=True), f"{folder}: {children}"
