@@ -12,7 +12,7 @@ objects from ``make -C bpf`` (``scripts/setup.sh`` runs it), as before.
 The wheel is pure (``py3-none-any``, setuptools' own tag for a distribution
 without extension modules): it holds Python and BPF bytecode, which the kernel
 verifies and compiles itself, and no machine code. docs/install.md says why
-that tag is honest for these objects, and tests/test_packaging.py checks it.
+that tag is honest for these objects, and tests/packaging/test_packaging.py checks it.
 """
 
 from __future__ import annotations

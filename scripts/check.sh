@@ -22,7 +22,7 @@ fi
 "$PYTHON" -m ruff check aperf tests examples bench scripts bpf
 "$PYTHON" -m mypy aperf tests/typecheck
 # The docs site and its API reference, warnings as errors, built into a temporary
-# directory (never into the checkout). tests/test_docs.py runs the pages' snippets.
+# directory (never into the checkout). tests/docs/test_docs.py runs the pages' snippets.
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 "$PYTHON" -m mkdocs build --strict --site-dir "$site"

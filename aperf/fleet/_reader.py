@@ -86,7 +86,7 @@ class _Counts:
 class FleetReader:
     """Every host's events from JetStream stream ``jetstream``, as one async iterator.
 
-    <!-- not run: a fragment, against a server at nats://nats:4222 (tests/test_fleet.py) -->
+    <!-- not run: a fragment, against a server at nats://nats:4222 (tests/fleet/test_fleet.py) -->
     ```python
     decoder = aperf.decoders.from_btf(aperf.BPFObject("tracer.bpf.o"), "event")
     async with FleetReader("nats://nats:4222", durable="viewer", decoder=decoder) as r:

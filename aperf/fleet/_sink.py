@@ -95,7 +95,7 @@ class _Pending:
 class JetStreamSink:
     """Forward aperf events to JetStream subject ``<subject_prefix>.<host>.<name>``.
 
-    <!-- not run: a fragment, against a server at nats://nats:4222 (tests/test_fleet.py) -->
+    <!-- not run: a fragment, against a server at nats://nats:4222 (tests/fleet/test_fleet.py) -->
     ```python
     async with JetStreamSink("nats://nats:4222", name="exec") as sink:
         async with aperf.PerfStream(m) as stream:   # decoder=None: raw bytes travel

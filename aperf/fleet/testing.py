@@ -187,7 +187,7 @@ class NatsCluster:
     ``name``; servers ``n1``, ``n2``, ...), each with its own ports and store under
     ``directory``.
 
-    <!-- not run: a fragment of a test (tmp_path, awaits); tests/test_fleet_cluster.py -->
+    <!-- not run: a fragment of a test (tmp_path, awaits); tests/fleet/test_fleet_cluster.py -->
     ```python
     with NatsCluster(tmp_path) as cluster:          # 3 nodes, JetStream ready
         await aperf.fleet.create_stream(cluster.urls, replicas=3)

@@ -1,5 +1,5 @@
 """Queue drops and ring drops on rings that behave like the kernel's (FakeRingSource), with
-and without the producer's exact count: the kernel tests (tests/test_backlog.py) run only
+and without the producer's exact count: the kernel tests (tests/kernel/test_backlog.py) run only
 where the kernel counts exactly (Linux 6.0+); here also the lost-record path of older ones."""
 
 from __future__ import annotations

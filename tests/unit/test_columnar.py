@@ -23,7 +23,7 @@ from aperf._rings.perf.format import split_span
 from aperf._rings.seam import payloads_of
 from aperf.testing import FakeRingSource, encode_lost, encode_sample
 
-from ..conftest import take
+from ..helpers import take
 
 QQ = struct.Struct("<QQ")
 DECODER = aperf.decoders.from_struct("<QQ", names="seq cpu")

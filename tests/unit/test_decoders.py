@@ -2,7 +2,7 @@
 compiled like BTF), names, enums, pickling to another process, JSON, NumPy dtypes.
 
 The same values, written by a BPF program and decoded from BTF and from a ctypes
-mirror, are checked in tests/test_decode.py."""
+mirror, are checked in tests/kernel/test_decode.py."""
 
 from __future__ import annotations
 

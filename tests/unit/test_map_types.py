@@ -12,7 +12,7 @@ import pytest
 
 from aperf._bpf.map_types import MAP_TYPES, map_type_name
 
-from ..conftest import REQUIRE_BPF
+from ..helpers import REQUIRE_BPF
 
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
 

@@ -1,6 +1,6 @@
 """What a MissingPrivilegesError says, for each capability set: blame what is missing.
 
-The kernel tier runs the same cases for real (tests/test_privileges.py); here
+The kernel tier runs the same cases for real (tests/kernel/test_privileges.py); here
 the capability mask is given, so every branch is checked as any user.
 """
 

@@ -21,7 +21,7 @@ import pytest
 
 import aperf
 
-from ..docsnippets import REPO, reference_targets
+from ..docs.snippets import REPO, reference_targets
 
 
 def public_modules() -> list[str]:

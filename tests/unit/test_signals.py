@@ -1,6 +1,6 @@
 """``aperf.closing_on_signals`` in this process, on every loop (asyncio, uvloop, trio), with
 no ring: what it closes, which signal it records, what it puts back, what it refuses.
-tests/test_signals.py sends the real SIGINT/SIGTERM to a program reading a kernel ring."""
+tests/kernel/test_signals.py sends the real SIGINT/SIGTERM to a program reading a kernel ring."""
 
 from __future__ import annotations
 

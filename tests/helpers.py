@@ -1,0 +1,93 @@
+"""What tests share besides fixtures: the repository's paths, the kernel check, and small
+async helpers. Fixtures and the test tiers are in conftest.py, which uses these too."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BPF_DIR = REPO / "bpf"
+REQUIRE_BPF = os.environ.get("APERF_REQUIRE_BPF", "") not in ("", "0")
+
+
+def _bpf_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "not root"
+    try:
+        from aperf.testing import Producer
+    except Exception as exc:  # pragma: no cover - import problems are failures anyway
+        return f"aperf.testing does not import: {exc}"
+    try:
+        with Producer():
+            pass
+    except Exception as exc:
+        return f"cannot load the producer: {exc}"
+    return None
+
+
+_reason: list[str | None] = []
+
+
+def require_kernel() -> None:
+    """Skip (or fail under APERF_REQUIRE_BPF=1) when BPF programs cannot be loaded."""
+    if not _reason:
+        _reason.append(_bpf_unavailable_reason())
+    reason = _reason[0]
+    if reason is None:
+        return
+    if REQUIRE_BPF:
+        pytest.fail(f"APERF_REQUIRE_BPF=1 but BPF is unavailable: {reason}", pytrace=False)
+    pytest.skip(f"BPF unavailable: {reason}")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def take(stream: Any, count: int) -> AsyncIterator[Any]:
+    """The next ``count`` events of an open stream."""
+    taken = 0
+    async for event in stream:
+        yield event
+        taken += 1
+        if taken == count:
+            return
+
+
+async def run_until(
+    stream: Any, run: Callable[[], Awaitable[None]], done: anyio.Event,
+    start: Callable[[], threading.Thread], timeout: float = 20,
+) -> None:
+    """Callback mode: ``run()`` (e.g. ``partial(stream.run, on_sample)``) until ``done`` is
+    set, while the thread ``start()`` returns produces; then close the stream, which ends
+    ``run()``."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        thread = start()
+        with anyio.fail_after(timeout):
+            await done.wait()
+        await anyio.to_thread.run_sync(thread.join)
+        await stream.aclose()
+
+
+# --- CPU hotplug (tests/kernel/test_hotplug.py): never leave a CPU offline -------------
+
+CPU_SYSFS = Path("/sys/devices/system/cpu")
+
+
+def bring_cpus_online(cpus: list[str]) -> None:
+    """Write 1 to the ``online`` file of each of these CPUs that is offline now."""
+    for cpu in cpus:
+        path = CPU_SYSFS / cpu / "online"
+        try:
+            if path.read_text().strip() == "0":
+                path.write_text("1")
+        except OSError:
+            pass
