@@ -139,6 +139,8 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
     for name in SHIPPED:
         assert f"aperf/_objects/{name}.bpf.o" in names
     assert {"aperf/__main__.py", "aperf/_tools/trace/cli.py", "aperf/py.typed"} <= names
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "aperf").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)  # every subpackage was found
     assert f"{info}/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("examples/", "tests/", "bpf/"))]
     assert "aperf-trace = aperf._tools.trace.cli:main" in entry_points
