@@ -55,12 +55,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nats-creds", metavar="PATH", help="a NATS credentials file (user JWT and nkey seed)"
     )
     group.add_argument(
-        "--nats-ca", metavar="PATH", help="TLS: the CA certificate that signed the server's"
+        "--nats-ca", metavar="PATH",
+        help="TLS: the CA certificate that signed the server's certificate (a tls:// URL "
+        "without it trusts the system's CAs); given, TLS is required",
     )
     group.add_argument(
         "--nats-cert", metavar="PATH", help="TLS: a client certificate (servers that verify)"
     )
     group.add_argument("--nats-key", metavar="PATH", help="TLS: the client certificate's key")
+    group.add_argument(
+        "--nats-tls-first", action="store_true",
+        help="TLS: start TLS before the server's INFO (a server with handshake_first)",
+    )
+    group.add_argument(
+        "--nats-insecure", action="store_true",
+        help="allow the password or token in clear (no TLS) to a server not on this host",
+    )
     group.add_argument(
         "--nats-wait", type=positive_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
         help="how long to wait at start for a NATS server, then for JetStream to serve "
@@ -83,6 +93,8 @@ def keywords(args: argparse.Namespace) -> dict[str, Any]:
         "tls_ca": args.nats_ca,
         "tls_cert": args.nats_cert,
         "tls_key": args.nats_key,
+        "tls_handshake_first": args.nats_tls_first,
+        "allow_insecure": args.nats_insecure,
         "connect_timeout": args.nats_wait,
         "ready_timeout": args.nats_wait,
     }
