@@ -251,9 +251,12 @@ async def test_a_password_in_clear_goes_only_to_this_host() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_server_a_cluster_adds_is_held_to_the_same_rules() -> None:
+async def test_a_server_a_cluster_adds_is_held_to_the_same_rules(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A server's INFO may add servers to the client's pool (``connect_urls``): after a
-    reconnection the password would go there; not in clear to another host."""
+    reconnection the password would go there; not in clear to another host. The
+    client keeps trying (as for a server that is down) and says so once."""
     from aperf.fleet._connect import connect, credentials
 
     elsewhere = FakeNats(outward_address())
@@ -265,10 +268,12 @@ async def test_a_server_a_cluster_adds_is_held_to_the_same_rules() -> None:
         try:
             assert SECRET.encode() in here.received
             await here.stop()  # the client tries the other one now
-            await elsewhere.wait_ended(1)
+            await elsewhere.wait_ended(3)  # refused thrice: the second one's error said
         finally:
             await nc.close()
-    assert elsewhere.accepted >= 1 and bytes(elsewhere.received) == b""
+    assert elsewhere.accepted >= 3 and bytes(elsewhere.received) == b""
+    said = [r.getMessage() for r in caplog.records if "reconnection was refused" in r.getMessage()]
+    assert len(said) == 1 and "not on this host" in said[0], said
 
 
 # --- a real nats-server ----------------------------------------------------------------------

@@ -348,29 +348,33 @@ async def connect(
     refused: list[FleetConfigError] = []
     gave_up_event = asyncio.Event()
     connected = False
+    said: list[str] = []  # a refusal once connected, said
 
-    def refuse(argument: str, why: str) -> None:
-        refused.append(FleetAuthError(argument, why))
-        gave_up_event.set()
+    def refuse(error: FleetConfigError) -> None:
+        if not connected:
+            refused.append(error)
+            gave_up_event.set()
+        elif not said:  # a reconnection refused: nats-py tries again for ever; say it once
+            said.append(str(error))
+            log.warning("a NATS reconnection was refused; retrying", error=str(error))
 
     async def error_cb(exc: Exception) -> None:
         errors.append(exc)
         del errors[:-3]
         if isinstance(exc, _Refused):
-            if connected and not refused:  # a reconnection refused: it retries for ever
-                log.warning("NATS connection refused by aperf", error=str(exc.error))
-            refused.append(exc.error)
-            gave_up_event.set()
+            refuse(exc.error)
         elif isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(
             exc
         ):
-            refuse(auth.argument, f"the NATS server at {shown} refused the credentials "
-                   "(Authorization Violation): check the user and password, token or creds")
+            refuse(FleetAuthError(
+                auth.argument, f"the NATS server at {shown} refused the credentials "
+                "(Authorization Violation): check the user and password, token or creds"
+            ))
         elif isinstance(exc, ssl.SSLCertVerificationError):
-            refuse("tls_ca", f"the TLS certificate of the NATS server at {shown} does not "
-                   f"verify: {exc.verify_message}")
+            refuse(FleetAuthError("tls_ca", f"the TLS certificate of the NATS server at {shown} "
+                                  f"does not verify: {exc.verify_message}"))
         elif isinstance(exc, ssl.SSLError):
-            refuse("tls_ca", f"TLS with the NATS server at {shown} failed: {exc}")
+            refuse(FleetAuthError("tls_ca", f"TLS with the NATS server at {shown} failed: {exc}"))
         if refusals is not None:
             refusals.note(exc)
         if on_error is not None:
