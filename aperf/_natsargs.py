@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from typing import Any
 
 DEFAULT_WAIT = 10.0  # seconds: a cluster elects a leader within a few
@@ -112,3 +113,19 @@ class _TlsEofNoise(logging.Filter):
 def quiet_tls_eof() -> None:
     """For the commands (never the library): drop that one asyncio warning."""
     logging.getLogger("asyncio").addFilter(_TlsEofNoise())
+
+
+def one_line_warnings(prog: str) -> None:
+    """For the commands (never the library): aperf's warnings (a password sent in clear
+    to this host) as one line, ``PROG: warning: ...``, without a file and source line."""
+    shown = warnings.formatwarning
+
+    def formatted(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int,
+        line: str | None = None,
+    ) -> str:
+        if category.__module__.startswith("aperf."):
+            return f"{prog}: warning: {message}\n"
+        return shown(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted

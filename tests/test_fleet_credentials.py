@@ -358,13 +358,13 @@ async def test_commands_refuse_in_one_line_with_their_cannot_run_status(tmp_path
     secret = tmp_path / "password"
     secret.write_text(SECRET + "\n")
     creds = ["--nats-user", "web-1", "--nats-password-file", str(secret)]
-    commands = {  # the command, and its "cannot run" status
-        ("aperf", "trace"): 1,
-        ("aperf.fleet", "create-stream"): 1,
-        ("examples.fleet_view",): 2,
+    commands = {  # the command: its "cannot run" status, and what it calls itself
+        ("aperf", "trace"): (1, "aperf-trace"),
+        ("aperf.fleet", "create-stream"): (1, "aperf.fleet"),
+        ("examples.fleet_view",): (2, "fleet_view"),
     }
     host = outward_address()
-    for command, status in commands.items():
+    for command, (status, prog) in commands.items():
         cases = {
             "TLS asked": ("127.0.0.1", "nats", ["--nats-ca", str(ca)], "offers none"),
             "not this host": (host, "nats", [], "not on this host"),
@@ -382,7 +382,14 @@ async def test_commands_refuse_in_one_line_with_their_cannot_run_status(tmp_path
                 *command, "--nats", fake.url(), *creds, "--nats-insecure"
             )
         assert SECRET.encode() in fake.received
-        assert code == status and "no JetStream" in err, (command, err)
+        assert code == status and "no JetStream" in err and "warning" not in err, (command, err)
+        # To this host: sent, with a warning in one line.
+        async with FakeNats() as fake:
+            code, err = await run_command(*command, "--nats", fake.url(), *creds)
+        assert SECRET.encode() in fake.received
+        warning, error = err.strip().splitlines()
+        assert warning.startswith(f"{prog}: warning: the NATS password went in clear"), err
+        assert code == status and "no JetStream" in error, (command, err)
 
 
 def test_the_ca_option_says_what_it_is() -> None:
