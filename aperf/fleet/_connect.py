@@ -214,7 +214,7 @@ class _GuardedClient(Client):
       ``plain``, for a warning), or anywhere with ``allow_insecure``.
 
     These override two private methods of nats-py (2.x), the only places where the
-    INFO is known and the CONNECT not yet written; tests/test_fleet_security.py
+    INFO is known and the CONNECT not yet written; tests/test_fleet_credentials.py
     checks them against a real nats-server and a fake one.
     """
 
