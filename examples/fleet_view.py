@@ -124,6 +124,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     _natsargs.quiet_tls_eof()
+    _natsargs.one_line_warnings(PROG)
     try:
         return asyncio.run(view(args))
     except FleetConfigError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from typing import Any
 
 DEFAULT_WAIT = 10.0  # seconds: a cluster elects a leader within a few
@@ -55,12 +56,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nats-creds", metavar="PATH", help="a NATS credentials file (user JWT and nkey seed)"
     )
     group.add_argument(
-        "--nats-ca", metavar="PATH", help="TLS: the CA certificate that signed the server's"
+        "--nats-ca", metavar="PATH",
+        help="TLS: the CA certificate that signed the server's certificate (a tls:// URL "
+        "without it trusts the system's CAs); given, TLS is required",
     )
     group.add_argument(
         "--nats-cert", metavar="PATH", help="TLS: a client certificate (servers that verify)"
     )
     group.add_argument("--nats-key", metavar="PATH", help="TLS: the client certificate's key")
+    group.add_argument(
+        "--nats-tls-first", action="store_true",
+        help="TLS: start TLS before the server's INFO (a server with handshake_first)",
+    )
+    group.add_argument(
+        "--nats-insecure", action="store_true",
+        help="allow the password or token in clear (no TLS) to a server not on this host",
+    )
     group.add_argument(
         "--nats-wait", type=positive_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
         help="how long to wait at start for a NATS server, then for JetStream to serve "
@@ -83,6 +94,8 @@ def keywords(args: argparse.Namespace) -> dict[str, Any]:
         "tls_ca": args.nats_ca,
         "tls_cert": args.nats_cert,
         "tls_key": args.nats_key,
+        "tls_handshake_first": args.nats_tls_first,
+        "allow_insecure": args.nats_insecure,
         "connect_timeout": args.nats_wait,
         "ready_timeout": args.nats_wait,
     }
@@ -100,3 +113,19 @@ class _TlsEofNoise(logging.Filter):
 def quiet_tls_eof() -> None:
     """For the commands (never the library): drop that one asyncio warning."""
     logging.getLogger("asyncio").addFilter(_TlsEofNoise())
+
+
+def one_line_warnings(prog: str) -> None:
+    """For the commands (never the library): aperf's warnings (a password sent in clear
+    to this host) as one line, ``PROG: warning: ...``, without a file and source line."""
+    shown = warnings.formatwarning
+
+    def formatted(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int,
+        line: str | None = None,
+    ) -> str:
+        if category.__module__.startswith("aperf."):
+            return f"{prog}: warning: {message}\n"
+        return shown(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted

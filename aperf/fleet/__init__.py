@@ -29,6 +29,8 @@ from ._errors import FleetAuthError as FleetAuthError
 from ._errors import FleetClosedError as FleetClosedError
 from ._errors import FleetConfigError as FleetConfigError
 from ._errors import FleetError as FleetError
+from ._errors import FleetInsecureError as FleetInsecureError
+from ._errors import FleetInsecureWarning as FleetInsecureWarning
 from ._errors import FleetUnavailableError as FleetUnavailableError
 from ._errors import FrameError as FrameError
 from ._events import FleetEvent as FleetEvent
@@ -45,6 +47,8 @@ __all__ = [
     "FleetConfigError",
     "FleetError",
     "FleetEvent",
+    "FleetInsecureError",
+    "FleetInsecureWarning",
     "FleetReader",
     "FleetUnavailableError",
     "FrameError",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._tools.nats_options import add_arguments, keywords, quiet_tls_eof, servers
+from .._tools.nats_options import add_arguments, keywords, one_line_warnings, quiet_tls_eof, servers
 from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, KEEP, create_stream
 from ._errors import FleetAuthError, FleetConfigError
 
@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(create)
     args = parser.parse_args(argv)
     quiet_tls_eof()
+    one_line_warnings("aperf.fleet")
     given = {
         "subject_prefix": args.subject_prefix, "max_bytes": args.max_bytes,
         "max_age": args.max_age, "discard": args.discard, "memory": args.memory,

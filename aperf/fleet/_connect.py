@@ -11,6 +11,14 @@ JetStream in a cluster may be there and not serving: while there is no quorum or
 leader is being elected its API does not answer (or answers 503). ``ready()``
 retries such requests up to a bound; only a server whose INFO says JetStream is off
 gets "start nats-server with -js".
+
+nats-py upgrades to TLS only when the server's INFO says ``tls_required``, and sends
+the password or token in its CONNECT whatever the transport. So a man in the middle
+(or a server) that answers ``"tls_required": false`` would get the credentials in
+clear even from a client given ``tls://`` and a CA. ``_GuardedClient`` checks, between
+the INFO and the CONNECT: when TLS was asked for it makes nats-py upgrade (or refuses
+a server that offers no TLS), and it never lets a password or token out in clear to a
+peer that is not loopback unless ``allow_insecure``.
 """
 
 from __future__ import annotations
@@ -18,8 +26,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import ipaddress
+import json
 import os
 import ssl
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -31,7 +42,13 @@ from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
 
 from .._log import log
 from ._args import url_problem
-from ._errors import FleetAuthError, FleetConfigError, FleetUnavailableError
+from ._errors import (
+    FleetAuthError,
+    FleetConfigError,
+    FleetInsecureError,
+    FleetInsecureWarning,
+    FleetUnavailableError,
+)
 
 Servers = str | Sequence[str]
 Callback = Callable[[], Awaitable[None]]
@@ -70,10 +87,11 @@ class Credentials:
 
     options: Mapping[str, Any]
     argument: str  # the argument to fix when the server refuses them
+    allow_insecure: bool = False  # a password or token may go in clear to any host
 
     @property
     def tls(self) -> bool:
-        return "tls" in self.options
+        return "tls" in self.options or bool(self.options.get("tls_handshake_first"))
 
 
 def credentials(
@@ -85,8 +103,15 @@ def credentials(
     tls_ca: Path | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    tls_handshake_first: bool = False,
+    allow_insecure: bool = False,
 ) -> Credentials:
     """nats-py's connection options for these; one typed error per mistake."""
+    for argument, flag in (
+        ("tls_handshake_first", tls_handshake_first), ("allow_insecure", allow_insecure)
+    ):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{argument} must be a bool, not {flag!r}")
     for argument, value in (("user", user), ("password", password), ("token", token)):
         if value is not None and (not isinstance(value, str) or not value):
             raise TypeError(f"{argument} must be a non-empty str or None, not {value!r}")
@@ -110,7 +135,9 @@ def credentials(
         raise ValueError("tls_key needs tls_cert= too")
     if tls_ca is not None or tls_cert is not None:
         options["tls"] = _tls_context(tls_ca, tls_cert, tls_key)
-    return Credentials(options, argument)
+    if tls_handshake_first:  # the server must be told to expect it (nats-server >= 2.10.4)
+        options["tls_handshake_first"] = True
+    return Credentials(options, argument, allow_insecure)
 
 
 def _readable(argument: str, path: Path) -> str:
@@ -165,6 +192,137 @@ class Refusals:
             )
 
 
+class _Refused(nats.errors.Error):
+    """Raised inside nats-py's connection steps (whose loops take nats.errors.Error as
+    a failed attempt: the socket is closed, the next server tried), carrying the
+    error aperf raises."""
+
+    def __init__(self, error: FleetInsecureError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _GuardedClient(Client):
+    """nats-py's client, with aperf's rules applied between the server's INFO and the
+    client's CONNECT (the message that carries the password or token), at every
+    (re)connection and to every server, also those a cluster's INFO adds to the pool:
+
+    - TLS asked for (``tls_wanted``): TLS or nothing; nats-py is made to upgrade
+      even when the INFO does not ask for it, and a server that offers no TLS is
+      refused before anything is sent;
+    - no TLS: a password or token goes in clear only to a loopback peer (noted in
+      ``plain``, for a warning), or anywhere with ``allow_insecure``.
+
+    These override two private methods of nats-py (2.x), the only places where the
+    INFO is known and the CONNECT not yet written; tests/test_fleet_credentials.py
+    checks them against a real nats-server and a fake one.
+    """
+
+    def __init__(self, *, tls_wanted: bool, allow_insecure: bool) -> None:
+        for method in ("_process_info", "_connect_command"):  # fail closed, not open,
+            if not callable(getattr(Client, method, None)):  # on a nats-py that changed
+                raise RuntimeError(f"nats-py's Client has no {method}: aperf cannot check "
+                                   "its connections; use nats-py 2.16 to 2.x")
+        super().__init__()
+        self.checked = 0  # CONNECTs this class saw: 0 once connected means it was bypassed
+        self.tls_wanted = tls_wanted
+        self.allow_insecure = allow_insecure
+        self.plain: dict[str, str] = {}  # server -> the secret it got in clear (loopback)
+        self.warned: set[str] = set()  # of those, the ones said (a warning, or logged)
+        self.opened = False  # connect() returned it: later plain sends are logged
+
+    def _refuse(self, error: FleetInsecureError) -> _Refused:
+        """Hang up (nats-py, reconnecting, would leave the socket to the collector)."""
+        if self._transport is not None:
+            self._transport.close()  # type: ignore[no-untyped-call]
+        return _Refused(error)
+
+    def _where(self) -> str:
+        server = self._current_server
+        return _without_password(server.uri.geturl()) if server is not None else "?"
+
+    def _writer(self) -> Any:
+        return getattr(self._transport, "_io_writer", None)  # TcpTransport's
+
+    def _secure(self) -> bool:
+        server = self._current_server
+        if server is not None and server.uri.scheme == "wss":
+            return True
+        writer = self._writer()
+        return writer is not None and writer.get_extra_info("ssl_object") is not None
+
+    def _loopback(self) -> bool:
+        """Whether the peer is this host, from the socket's address (not the URL's name)."""
+        writer = self._writer()
+        peer = writer.get_extra_info("peername") if writer is not None else None
+        if peer is None:  # a WebSocket: the URL's host, when it is a loopback address
+            server = self._current_server
+            host = server.uri.hostname if server is not None else None
+            return host == "localhost" or _is_loopback(host)
+        return _is_loopback(peer[0])
+
+    async def _process_info(
+        self, info: dict[str, Any], initial_connection: bool = False
+    ) -> None:
+        if initial_connection and self.tls_wanted and not self._secure():
+            if not (info.get("tls_required") or info.get("tls_available")):
+                raise self._refuse(FleetInsecureError(
+                    "servers", f"TLS was asked for, and the NATS server at {self._where()} "
+                    "offers none (its INFO says neither tls_required nor tls_available): "
+                    "nothing was sent; a server without TLS, or someone in between"
+                ))
+            info["tls_required"] = True  # nats-py upgrades only when the server asks
+        await super()._process_info(info, initial_connection)
+
+    def _connect_command(self) -> bytes:
+        command: bytes = super()._connect_command()
+        self.checked += 1
+        if self._secure():
+            return command
+        where = self._where()
+        if self.tls_wanted:  # _process_info made nats-py upgrade; a transport it did not
+            raise self._refuse(FleetInsecureError(  # upgrade (ws://) ends here
+                "servers", f"TLS was asked for, and the connection to {where} is not TLS "
+                "(a ws:// URL?): nothing was sent"
+            ))
+        fields = json.loads(command.partition(b" ")[2])
+        secret = "password" if "pass" in fields else "token" if "auth_token" in fields else ""
+        if not secret or self.allow_insecure:
+            return command
+        if not self._loopback():
+            raise self._refuse(FleetInsecureError(
+                "allow_insecure", f"refusing to send the {secret} in clear to the NATS "
+                f"server at {where}, which is not on this host: use TLS (a tls:// URL, "
+                "tls_ca=), or a creds file, or allow it with allow_insecure=True "
+                "(--nats-insecure)"
+            ))
+        self.plain[where] = secret
+        if self.opened and where not in self.warned:  # a reconnection, to another server
+            self.warned.add(where)
+            log.warning(f"NATS {secret} sent in clear to a server on this host", server=where)
+        return command
+
+
+def _is_loopback(host: str | None) -> bool:
+    try:
+        address = ipaddress.ip_address((host or "").partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _tls_wanted(urls: Sequence[str], settings: Mapping[str, Any]) -> bool:
+    """Whether TLS was asked for in any way: a tls:// or wss:// URL, a TLS context
+    (tls_ca, tls_cert, connect_options' tls) or TLS first."""
+    return (
+        any(url.startswith(("tls://", "wss://")) for url in urls)
+        or settings.get("tls") is not None
+        or bool(settings.get("tls_handshake_first"))
+    )
+
+
 async def connect(
     servers: Servers,
     *,
@@ -180,38 +338,48 @@ async def connect(
 ) -> Client:
     """A connected client that reconnects for ever, or FleetConfigError within ``timeout``
     (FleetAuthError when the server refuses the credentials or its certificate does
-    not verify)."""
+    not verify; FleetInsecureError when TLS was asked for and the server offers none,
+    or a password or token would go in clear to a server not on this host)."""
     urls = server_list(servers)
     if timeout <= 0:
         raise ValueError(f"connect_timeout must be positive seconds, not {timeout!r}")
     auth = auth or Credentials({}, "servers")
     errors: list[Exception] = []
-    refused: list[FleetAuthError] = []
+    refused: list[FleetConfigError] = []
     gave_up_event = asyncio.Event()
+    connected = False
+    said: list[str] = []  # a refusal once connected, said
 
-    def refuse(argument: str, why: str) -> None:
-        refused.append(FleetAuthError(argument, why))
-        gave_up_event.set()
+    def refuse(error: FleetConfigError) -> None:
+        if not connected:
+            refused.append(error)
+            gave_up_event.set()
+        elif not said:  # a reconnection refused: nats-py tries again for ever; say it once
+            said.append(str(error))
+            log.warning("a NATS reconnection was refused; retrying", error=str(error))
 
     async def error_cb(exc: Exception) -> None:
         errors.append(exc)
         del errors[:-3]
-        if isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(
+        if isinstance(exc, _Refused):
+            refuse(exc.error)
+        elif isinstance(exc, nats.errors.AuthorizationError) or "Authorization Violation" in str(
             exc
         ):
-            refuse(auth.argument, f"the NATS server at {shown} refused the credentials "
-                   "(Authorization Violation): check the user and password, token or creds")
+            refuse(FleetAuthError(
+                auth.argument, f"the NATS server at {shown} refused the credentials "
+                "(Authorization Violation): check the user and password, token or creds"
+            ))
         elif isinstance(exc, ssl.SSLCertVerificationError):
-            refuse("tls_ca", f"the TLS certificate of the NATS server at {shown} does not "
-                   f"verify: {exc.verify_message}")
+            refuse(FleetAuthError("tls_ca", f"the TLS certificate of the NATS server at {shown} "
+                                  f"does not verify: {exc.verify_message}"))
         elif isinstance(exc, ssl.SSLError):
-            refuse("tls_ca", f"TLS with the NATS server at {shown} failed: {exc}")
+            refuse(FleetAuthError("tls_ca", f"TLS with the NATS server at {shown} failed: {exc}"))
         if refusals is not None:
             refusals.note(exc)
         if on_error is not None:
             on_error(exc)
 
-    client = Client()
     settings: dict[str, Any] = {
         "name": name,
         "max_reconnect_attempts": -1,
@@ -228,6 +396,9 @@ async def connect(
     settings.update(auth.options)
     settings.update(options or {})
     shown = ", ".join(_without_password(u) for u in urls)
+    client = _GuardedClient(
+        tls_wanted=_tls_wanted(urls, settings), allow_insecure=auth.allow_insecure
+    )
     attempt = asyncio.ensure_future(client.connect(urls, **settings))
     gave_up = asyncio.ensure_future(gave_up_event.wait())
     try:
@@ -236,6 +407,15 @@ async def connect(
         gave_up.cancel()
     if attempt.done() and attempt.exception() is None and client.is_connected:
         log.debug("connected to NATS", servers=urls, url=str(client.connected_url))
+        connected = True
+        try:
+            if not client.checked:
+                raise RuntimeError("nats-py connected without aperf's check of the CONNECT "
+                                   "(a nats-py aperf does not know); use nats-py 2.16 to 2.x")
+            _warn_plain(client)
+        except BaseException:  # that, or warnings turned into errors (-W error)
+            await client.close()
+            raise
         return client
     attempt.cancel()
     await asyncio.gather(attempt, return_exceptions=True)
@@ -247,6 +427,18 @@ async def connect(
     raise FleetConfigError(
         "servers", f"no NATS server answered at {shown} within {timeout:g} s{why}"
     )
+
+
+def _warn_plain(client: _GuardedClient) -> None:
+    """Say once per server (Python's warning filter) that a secret went in clear."""
+    client.opened = True
+    for where, secret in client.plain.items():
+        client.warned.add(where)
+        warnings.warn(FleetInsecureWarning(
+            f"the NATS {secret} went in clear (no TLS) to {where}, on this host: a local "
+            "user who holds that port first would get it; use TLS or a creds file, or "
+            "allow_insecure=True (--nats-insecure) to say this is meant"
+        ), stacklevel=2)
 
 
 def _without_password(url: str) -> str:
@@ -398,6 +590,8 @@ async def create_stream(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     ready_timeout: float = 10.0,
+    tls_handshake_first: bool = False,
+    allow_insecure: bool = False,
 ) -> StreamInfo:
     """Create (or update) the JetStream stream that takes ``<subject_prefix>.>``; return
     its info as JetStream now has it.
@@ -415,7 +609,8 @@ async def create_stream(
     R3 stream into R1, nor drop its ``max_age``). A new stream gets
     ``subject_prefix="aperf"``, ``max_bytes`` 1 GiB, no age or message limit,
     ``discard="old"``, file storage and 1 replica. ``user``, ``password``,
-    ``token``, ``creds`` and the ``tls_*`` files are as for
+    ``token``, ``creds``, the ``tls_*`` files, ``tls_handshake_first`` and
+    ``allow_insecure`` are as for
     [`JetStreamSink`][aperf.fleet.JetStreamSink]; ``ready_timeout`` bounds how long
     it waits for a cluster that is not serving.
     """
@@ -430,6 +625,7 @@ async def create_stream(
     auth = credentials(
         user=user, password=password, token=token, creds=creds,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
     )
     refusals = Refusals()
     client = await connect(

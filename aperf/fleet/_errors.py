@@ -29,6 +29,21 @@ class FleetAuthError(FleetConfigError):
     """
 
 
+class FleetInsecureError(FleetConfigError):
+    """The connection would not protect what it carries, so aperf did not make it: TLS
+    was asked for (a ``tls://`` URL, ``tls_ca``/``tls_cert``, ``tls_handshake_first``)
+    and the server offers none (``argument`` ``"servers"``), or a password or token
+    would cross the network in clear to a server that is not on this host
+    (``"allow_insecure"``). Nothing secret was sent; no retry cures it.
+    """
+
+
+class FleetInsecureWarning(UserWarning):
+    """A password or token went in clear to a NATS server on this host (loopback):
+    no one on the network sees it, but a local user who holds the port first does.
+    Said once per server; ``allow_insecure=True`` (``--nats-insecure``) silences it."""
+
+
 class FleetUnavailableError(FleetConfigError):
     """JetStream is enabled but did not serve the request within ``ready_timeout``
     seconds: a cluster without a quorum or electing a leader. The message says what

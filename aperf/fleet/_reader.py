@@ -107,7 +107,8 @@ class FleetReader:
     acknowledged: it never raises out of ``async for`` and never blocks the consumer.
 
     ``user``, ``password``, ``token``, ``creds``, the ``tls_*`` files,
-    ``connect_timeout`` and ``ready_timeout`` are as for
+    ``tls_handshake_first``, ``allow_insecure``, ``connect_timeout`` and
+    ``ready_timeout`` are as for
     [`JetStreamSink`][aperf.fleet.JetStreamSink]: ``open()`` waits for a cluster
     electing a leader, up to ``ready_timeout``. A reader's user needs the JetStream
     API subjects of its stream and durable, and nothing on ``<subject_prefix>.>``
@@ -138,6 +139,8 @@ class FleetReader:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         ready_timeout: float = 10.0,
+        tls_handshake_first: bool = False,
+        allow_insecure: bool = False,
     ) -> None:
         self._servers = server_list(servers)
         check_name("jetstream", jetstream)
@@ -162,6 +165,7 @@ class FleetReader:
         self._auth = credentials(
             user=user, password=password, token=token, creds=creds,
             tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
         )
         self._refusals = Refusals()
         self._nc: Client | None = None

@@ -112,7 +112,14 @@ class JetStreamSink:
     ``creds`` (a ``.creds`` file: a user JWT and its nkey seed, as ``nsc`` makes
     them). ``tls_ca`` is the CA file that signed the server's certificate (TLS;
     ``tls://`` URLs use the system's CAs without it), ``tls_cert`` and ``tls_key``
-    the client certificate for servers that verify clients. Its replies come on
+    the client certificate for servers that verify clients. Asking for TLS in any
+    way (those, or a ``tls://`` URL) requires it: a server that offers none is
+    refused with [`FleetInsecureError`][aperf.fleet.FleetInsecureError] before
+    anything is sent; ``tls_handshake_first`` starts TLS before the server's INFO
+    (servers configured with ``handshake_first``, nats-server 2.10.4 on). Without
+    TLS a password or token goes only to a server on this host (loopback, with a
+    [`FleetInsecureWarning`][aperf.fleet.FleetInsecureWarning]), elsewhere only
+    with ``allow_insecure=True`` (docs/fleet.md: what is promised). Its replies come on
     inboxes under ``_INBOX.aperf.<host>``: a host's user needs permission to
     publish on ``<subject_prefix>.<host>.>`` and a few JetStream API subjects and to
     subscribe there, no more (docs/fleet.md gives a server configuration). A
@@ -148,6 +155,8 @@ class JetStreamSink:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         ready_timeout: float = 10.0,
+        tls_handshake_first: bool = False,
+        allow_insecure: bool = False,
     ) -> None:
         self._servers = server_list(servers)
         self._host = host if host is not None else socket.gethostname()
@@ -170,6 +179,7 @@ class JetStreamSink:
         self._auth = credentials(
             user=user, password=password, token=token, creds=creds,
             tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
         )
         self._refusals = Refusals()
         tokens = f"{subject_token(self._host)}.{subject_token(name)}"

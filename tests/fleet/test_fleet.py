@@ -603,6 +603,7 @@ async def open_fails(thing: JetStreamSink | FleetReader, match: str) -> FleetCon
 
 
 @pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore::aperf.fleet.FleetInsecureWarning")  # a password, loopback
 async def test_bad_configuration_gives_one_clear_error(tmp_path: Path) -> None:
     with _closed_port() as port:
         url = f"nats://127.0.0.1:{port}"

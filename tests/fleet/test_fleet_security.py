@@ -32,6 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from aperf.fleet import (
     FleetAuthError,
     FleetConfigError,
+    FleetInsecureWarning,
     FleetReader,
     JetStreamSink,
     create_stream,
@@ -311,12 +312,14 @@ async def test_refused_credentials_and_certificates_are_one_typed_error(secure: 
 @pytest.mark.asyncio
 async def test_a_token_server(tmp_path: Path) -> None:
     with running_server(tmp_path / "nats", arguments=["--auth", "s3cret-token"]) as server:
-        await create_stream(server.url, token="s3cret-token")
-        async with JetStreamSink(server.url, host="h", token="s3cret-token") as sink:
+        with pytest.warns(FleetInsecureWarning, match="token went in clear"):  # loopback
+            await create_stream(server.url, token="s3cret-token")
+        clear = {"token": "s3cret-token", "allow_insecure": True}  # meant: no warning
+        async with JetStreamSink(server.url, host="h", **clear) as sink:
             await sink.send([seq_sample(0, 0)])
             await sink.flush()
         fleet = Fleet()
-        async with FleetReader(server.url, decoder=SEQ_TS, token="s3cret-token") as reader:
+        async with FleetReader(server.url, decoder=SEQ_TS, **clear) as reader:
             await read_fleet(reader, fleet, lambda: fleet.accounted("h") >= 1)
         assert fleet.seqs == {"h": [0]}
         with pytest.raises(FleetAuthError) as info:
@@ -325,6 +328,7 @@ async def test_a_token_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore::aperf.fleet.FleetInsecureWarning")  # a password, loopback
 async def test_the_reader_refuses_a_forged_host_when_the_server_lets_it_through(
     tmp_path: Path,
 ) -> None:

@@ -204,6 +204,7 @@ async def open_sink(args: argparse.Namespace) -> Any:
     from aperf.fleet import FleetAuthError
 
     _natsargs.quiet_tls_eof()
+    _natsargs.one_line_warnings(PROG)
     try:
         sink = JetStreamSink(
             _natsargs.servers(args.nats), host=args.host, name=FLEET_STREAM,
