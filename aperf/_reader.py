@@ -317,6 +317,16 @@ class Reader:
         self.clock.traffic()
         return added
 
+    def look(self, handle: int) -> int:
+        """A driver's loop armed ``handle``: drain its rings (events added). Arming a perf
+        fd polls it, and that poll takes a wakeup that came before it without the loop
+        reporting it: whatever was written before the arm is taken here, anything
+        after it wakes the armed handle. Not a wakeup: nothing is counted."""
+        added = 0
+        for ring in list(self._handles.get(handle, ())):
+            added += self.drain(ring.key)
+        return added
+
     def _gathers(self, ring: Ring) -> bool:
         """Leave this wakeup to the drain timer (a BPF ring buffer, batched wakeups).
 
