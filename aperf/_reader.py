@@ -406,6 +406,10 @@ class Reader:
         self.stalled.add(key)
         if not self.paused:
             self.paused = True
+            # From now on the full queue holds back every ring, not only this one: drops
+            # on a ring no wakeup or tick has reached yet are the queue's as much.
+            for ring in self.rings.values():
+                self.losses.held_back(ring)
             log.debug("perf stream paused", pending=self.pending, max_pending=self.max_pending)
 
     def drain(self, key: int, *, force: bool = False) -> int:
