@@ -395,10 +395,15 @@ class PerfStream(Generic[T]):
             return 1
 
     def _on_ready(self, handle: int) -> None:
-        reader = self._live_reader()
-        if reader is None:
+        # Once per wakeup: inline, no helper calls (see _step).
+        reader, held = self._reader, self._held
+        if reader is None or held is None or held.forked or self._closed:
             return
-        added = self._step(reader, partial(reader.on_ready, handle))
+        try:
+            added = reader.on_ready(handle)
+        except Exception as exc:  # never let it reach the loop's handler to be printed
+            reader.push_failure(exc)
+            added = 1
         if not reader.watches(handle) and self._loop is not None:
             self._loop.forget(handle)
         watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
