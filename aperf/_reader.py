@@ -412,7 +412,10 @@ class Reader:
         self.stalled.discard(key)
         self.gathering.discard(key)
         failure: BrokenRingError | None = None
+        full_mark = self._full_mark if self._sizes is None else self.ring_size(key) - MAX_RECORD
         try:
+            # The producer's drop count, read before the head (_losses.py says why).
+            total = losses.count_before_take(ring, full_mark)
             span = ring.take()
             self.clock.drained(key)
             if self._orderers:
@@ -427,9 +430,9 @@ class Reader:
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after
             if losses.marks:
-                losses.caught_up(ring)
+                losses.caught_up(ring, total)
             if not span:
-                return 0
+                return 0 if total is None else self._report_unannounced(ring, total)
             if len(span) > self.high_water.get(key, 0):
                 self.high_water[key] = len(span)
             segments, other = self.split(key, span)
@@ -461,9 +464,10 @@ class Reader:
         if failure is not None:
             self.push_failure(failure)
             return added + 1
-        full_mark = self._full_mark if self._sizes is None else self.ring_size(key) - MAX_RECORD
-        if len(span) > full_mark and self.losses.exact(key):
-            added += self._report_unannounced(ring)
+        if total is not None:
+            added += self._report_unannounced(ring, total)
+        if len(span) > full_mark:
+            losses.took_full(key)
         return added
 
     def _lost_record(self, key: int, count: int) -> int:
@@ -474,13 +478,14 @@ class Reader:
         self.queue.append(self.builder.lost(key, count))
         return 1
 
-    def _report_unannounced(self, ring: Ring) -> int:
-        """Queue a Lost notice for drops the producer counted but no lost record announced.
+    def _report_unannounced(self, ring: Ring, total: int | None = None) -> int:
+        """Queue a Lost notice for drops the producer counted but no lost record announced
+        (``total``: the count read before the drain; see ``LossLedger.unannounced``).
 
         Only a ring that was full can have dropped, so drains call this only when
-        they took nearly a whole ring.
+        the ring was nearly full before they took it.
         """
-        missing = self.losses.unannounced(ring)
+        missing = self.losses.unannounced(ring, total)
         if not missing:
             return 0
         self.queue.append(self.builder.lost(ring.key, missing))
