@@ -264,8 +264,10 @@ class Orderer(_Rings):
         """The lowest last built key of the rings with raw samples (POS: none). Their raw
         samples come after it (a ring is in order), so it bounds every release: what
         aperf took out of the rings is never late, whatever ``lateness`` says."""
-        last = self.last
-        return min((last.get(ring, NEG) for ring in self._raw), default=POS)
+        raw, last = self._raw, self.last
+        if len(raw) < 2:
+            return last.get(next(iter(raw)), NEG) if raw else POS
+        return min(last.get(ring, NEG) for ring in raw)
 
     def watermark(self, now: float) -> Any:
         """The release point (``_Rings.watermark``), never above ``_raw_low``."""
@@ -286,13 +288,14 @@ class Orderer(_Rings):
             return
         expire = now - self.lateness
         while raw:
-            ring = min(raw, key=lambda r: last.get(r, NEG))
+            ring = min(raw, key=lambda r: last.get(r, NEG)) if len(raw) > 1 else next(iter(raw))
             if not everything:
                 low = last.get(ring, NEG)
                 allowed = max(self.rings_watermark(), self.expired_top(now))
-                self._sort()
-                if bisect_right(self._keys, min(low, allowed)) >= want:
-                    break  # enough can go
+                if self._keys:
+                    self._sort()
+                    if bisect_right(self._keys, min(low, allowed)) >= want:
+                        break  # enough can go
                 if low > allowed and all(pieces[0][0] > expire for pieces in raw.values()):
                     break  # a busy ring holds the release point below all that is raw
             pieces = raw[ring]
