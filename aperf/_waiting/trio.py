@@ -138,6 +138,7 @@ class TrioBinding:
             self._kick()
 
     async def _pump_loop(self) -> None:
+        checkpoint = trio.lowlevel.checkpoint
         while not self._stopped:
             armed = self._armed
             if armed:
@@ -147,6 +148,9 @@ class TrioBinding:
                 for fd in handles:
                     if on_armed is not None and fd in self._fds:
                         on_armed(fd)
+                # Every round that did work yields: a task that does not lets no other
+                # run (the consumer, trio's own timeouts, Ctrl-C), whatever it is fed.
+                await checkpoint()
                 continue
             ready = self._ready
             if ready:
@@ -155,11 +159,13 @@ class TrioBinding:
                 for fd in handles:
                     if fd in self._fds:
                         self._on_ready(fd)
+                await checkpoint()
                 continue
             at = self._at
             if at is not None and self.time() >= at:
                 self._at = None
                 self._callback()
+                await checkpoint()
                 continue
             with trio.CancelScope(deadline=math.inf if at is None else at) as scope:
                 self._pump_scope = scope
