@@ -80,6 +80,11 @@ class ArrowBuilder:
         """Rows held, not yet handed out."""
         return len(self._rows)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the samples held, not yet handed out."""
+        return self._bytes
+
     def add(self, event: Any) -> Any:
         """Hold one event as a row; a full batch (``max_rows`` rows or ``max_bytes``)
         when this one filled it, else None."""

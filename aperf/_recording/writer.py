@@ -175,7 +175,7 @@ class Recorder:
         self._stats = {"files": 0, "rows": 0, "lost": 0, "bytes": 0, "unwritten": 0,
                        "errors": 0}
         self._last_error: str | None = None
-        self._events_at = 0  # when the builder's first held event came
+        self._event_times: list[int] = []  # when each event the builder holds came (us)
 
     # --- taking items --------------------------------------------------------------
 
@@ -189,12 +189,9 @@ class Recorder:
         with self._lock:
             if self._closed:
                 raise ValueError("this Recorder is closed")
-            if isinstance(item, list):
-                for one in item:
-                    self._take(one)
-            else:
-                self._take(item)
-            self._maybe_flush()
+            for one in item if isinstance(item, list) else (item,):
+                self._take(one)
+                self._maybe_flush()  # a large batch fills row groups and segments too
 
     __call__ = write  # a recorder is a callback too: PerfBuffer(on_array=recorder, ...)
 
@@ -211,8 +208,7 @@ class Recorder:
             self._add(batch)
         elif isinstance(item, Sample | BadSample):
             self._segment_now()
-            if not len(self._builder):
-                self._events_at = self.now_ns()  # the batch's time: its first event's
+            self._event_times.append(self.now_ns() // 1000)
             self._rows += 1
             self._add_keys(((item.cpu, item.map),))
             batch = self._builder.add(item)
@@ -255,7 +251,10 @@ class Recorder:
     def _add_events(self, batch: Any) -> None:
         """A batch of the builder's rows (already counted), with their receive time."""
         pa = self.pa
-        micros = self._tabler.np.full(batch.num_rows, self._events_at // 1000, "int64")
+        np = self._tabler.np
+        times, self._event_times = self._event_times, []
+        micros = np.array(times[: batch.num_rows], np.int64)
+        self._event_times = times[batch.num_rows:]
         stamp = pa.Array.from_buffers(self.schema.field(0).type, batch.num_rows,
                                       [None, pa.py_buffer(micros)])
         self._pending.append(batch.add_column(0, self.schema.field(0), stamp))
@@ -283,7 +282,7 @@ class Recorder:
         segment = self._segment
         if segment is None:
             return
-        if self._pending_bytes >= self.row_group_bytes:
+        if self._pending_bytes + self._builder.nbytes >= self.row_group_bytes:
             self._guard(self._write_group)
         segment = self._segment
         if segment is not None and (
@@ -399,6 +398,7 @@ class Recorder:
         self._pending.clear()
         self._pending_bytes = 0
         self._builder.flush()  # its rows were counted in the segment
+        self._event_times = []
         unwritten = self._rows - segment.first_row
         self._rows = segment.first_row  # the recording's rows go on from here
         now = self.now_ns()
@@ -440,8 +440,13 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            self.close()
+        except RecordingError:
+            if kind is None:
+                raise
+            # The error in flight goes on; this one is counted (statistics().errors).
 
 
 def _errno_of(exc: OSError) -> int:
