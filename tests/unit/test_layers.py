@@ -58,7 +58,7 @@ INSIDE = {
                  "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
-    "_tools": {"nats_options": 0, "trace": 1},
+    "_tools": {"nats_options": 0, "trace": 1, "record": 2},
     "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "shards": 1, "cli": 2},
 }
 
