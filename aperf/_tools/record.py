@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aperf
 
+from .nats_options import positive_seconds
 from .trace.cli import (
     WAKEUPS,
     StopSignals,
@@ -46,16 +47,6 @@ def global_value(text: str) -> tuple[str, int | bytes]:
         return name, value.encode()
 
 
-def positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not positive")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -79,13 +70,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="ring size in 4 KiB pages per CPU (a perf event array)")
     parser.add_argument("--wakeup", choices=WAKEUPS, default="balanced",
                         help="when the kernel wakes the reader (default balanced)")
-    parser.add_argument("--seconds", type=positive_number, default=None, metavar="S",
+    parser.add_argument("--seconds", type=positive_seconds, default=None, metavar="S",
                         help="stop after S seconds")
     parser.add_argument("--samples", type=positive, default=None, metavar="N",
                         help="stop once at least N samples were written")
     parser.add_argument("--max-file-bytes", type=positive, default=64 << 20, metavar="BYTES",
                         help="close a file and begin the next one at this size (default 64 MiB)")
-    parser.add_argument("--max-file-seconds", type=positive_number, default=60.0,
+    parser.add_argument("--max-file-seconds", type=positive_seconds, default=60.0,
                         metavar="S", help="... or after S seconds (default 60)")
     parser.add_argument("--on-write-error", choices=("raise", "count"), default="raise",
                         help="stop at a file that cannot be written (raise, the default), or "

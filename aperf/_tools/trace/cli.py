@@ -203,16 +203,22 @@ async def show_all(stream: aperf.PerfStream[Any], printer: Printer) -> None:
     """Print every item until the stream ends; close it if stdout's reader went away."""
     if printer.recorder is not None:  # a batch at a time, each printed, then recorded
         async for batch in stream.batches():
-            for item in batch:
-                await printer.show(item)
-            await printer.record(batch)
-            if printer.out.broken:
-                stream.close()
+            await show_batch(stream, printer, batch)
         return
     async for item in stream:
         await printer.show(item)
         if printer.out.broken:
             stream.close()
+
+
+async def show_batch(stream: aperf.PerfStream[Any], printer: Printer, batch: list[Any]) -> None:
+    """Print a batch, then record it (``--record``); close the stream if stdout's reader
+    went away."""
+    for item in batch:
+        await printer.show(item)
+    await printer.record(batch)
+    if printer.out.broken:
+        stream.close()
 
 
 def open_recorder(args: argparse.Namespace, obj: aperf.BPFObject,
@@ -275,11 +281,7 @@ async def publish(
 
     stop.on_stop(give_up)
     async for batch in stream.batches():
-        for item in batch:
-            await printer.show(item)
-        await printer.record(batch)
-        if printer.out.broken:
-            stream.close()
+        await show_batch(stream, printer, batch)
         if stop.requested:
             continue
         try:
