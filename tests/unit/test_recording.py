@@ -433,3 +433,48 @@ def test_a_recording_killed_mid_file_leaves_every_closed_file_intact(tmp_path: P
                             f"losses-{len(numbers) + 1:06d}.parquet.partial"}
     seqs = recording.samples().column("seq").to_pylist()
     assert seqs == list(range(len(seqs)))  # every closed file whole, none missing
+
+
+class ExecEvent(ctypes.Structure):  # the tracer's struct event (bpf/bootstrap.h)
+    _fields_ = [("pid", ctypes.c_int), ("ppid", ctypes.c_int), ("exit_code", ctypes.c_uint),
+                ("duration_ns", ctypes.c_ulonglong), ("comm", ctypes.c_char * 16),
+                ("filename", ctypes.c_char * 127), ("exit_event", ctypes.c_bool),
+                ("timestamp_ns", ctypes.c_ulonglong)]
+
+
+def test_the_exec_report_example_reports_what_was_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from examples.exec_report import report
+
+    clock = [1_800_000_000 * 10**9]  # 2027-01-15 08:00:00 UTC
+    monkeypatch.setattr(aperf.Recorder, "now_ns", lambda self: clock[0])
+    monkeypatch.setattr("aperf._recording.writer.boot_offset_ns", lambda: 10**18)
+    with aperf.Recorder(tmp_path / "rec", ExecEvent) as recorder:
+        for i in range(9):  # 9 execs: 5 sh, 3 git, 1 make; their exits a minute apart
+            comm = [b"sh", b"git", b"sh", b"make", b"sh", b"git", b"sh", b"git", b"sh"][i]
+            boot = 800_000_000 * 10**9 + i * 30 * 10**9  # boot time; + 10**18: a date
+            recorder.write(aperf.Sample(0, bytes(ExecEvent(pid=100 + i, comm=comm,
+                                                           timestamp_ns=boot))))
+            recorder.write(aperf.Sample(0, bytes(ExecEvent(
+                pid=100 + i, comm=comm, exit_event=True, exit_code=i % 3 // 2,
+                duration_ns=(i + 1) * 10**9, timestamp_ns=boot + 10**9))))
+        recorder.write(aperf.Lost(1, 4))
+    out = io.StringIO()
+    report(tmp_path / "rec", top=2, out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(f"recorded on {os.uname().nodename} (Linux ")
+    assert lines[0].endswith("2027-01-15 08:00:00 to 08:04:01 UTC")
+    assert lines[1:4] == ["COMMAND            EXECS", "sh                     5",
+                          "git                    3"]
+    assert lines[4].startswith("MINUTE (UTC)")
+    assert lines[5].split() == ["08:00", "2", "2", "0", "(4", "events", "lost", "in", "this",
+                                "minute)"]
+    assert [line.split() for line in lines[6:10]] == [
+        ["08:01", "2", "1", "1", "1:", "1"], ["08:02", "2", "1", "1", "1:", "1"],
+        ["08:03", "2", "2", "0"], ["08:04", "1", "0", "1", "1:", "1"]]
+    assert lines[-1] == "LOST EVENTS: 4 on CPU 1 at 08:00"
+    assert lines[10:13] == ["SLOWEST              PID      SECONDS",
+                            "sh                   108        9.000",
+                            "git                  107        8.000"]
