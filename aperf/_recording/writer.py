@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from .._arrow.builder import ArrowBuilder, sized_decoder
 from .._arrow.columns import Tabler
-from .._arrow.schema import CPU, MAP, TIME
+from .._arrow.schema import CPU, DATA, ENUM_KEY, LATE, MAP, TIME
 from .._boottime import boot_offset_ns, boottime_ns, monotonic_offset_ns
 from .._errors import RecordingError
 from .._events import BadSample, Lost, Sample, SampleArray
@@ -116,7 +116,7 @@ class Recorder:
         maps: Sequence[str] | None = None, rings: Iterable[tuple[str | None, int]] = (),
         source: str = "", max_file_bytes: int = DEFAULT_FILE_BYTES,
         max_file_seconds: float = DEFAULT_FILE_SECONDS,
-        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, compression: str = "zstd",
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, compression: str = "snappy",
         on_write_error: WriteErrorPolicy = "raise",
     ) -> None:
         for name, value in (("max_file_bytes", max_file_bytes),
@@ -139,6 +139,16 @@ class Recorder:
 
         self._pq = pq
         self.schema = self._tabler.schema
+        # Dictionaries only where values repeat (the stream's columns, strings, enums: a
+        # dictionary tried on every column cost a fifth more time, measured), and min/max
+        # statistics on every column but the samples' bytes (row groups a query can skip).
+        types = pa.types
+        self._encoding = {
+            "use_dictionary": [f.name for f in self.schema if f.name in (
+                CPU, MAP, LATE) or types.is_string(f.type) or (f.metadata and ENUM_KEY in (
+                    f.metadata))],
+            "write_statistics": [f.name for f in self.schema if f.name != DATA],
+        }
         self._loss_schema = loss_schema(pa, maps=maps is not None)
         self.directory = os.fspath(directory)
         prepare_directory(self.directory)
@@ -314,7 +324,8 @@ class Recorder:
                                             "aperf.first_row": str(segment.first_row)})
         segment.file = open_new(self._path(SAMPLES, segment) + PARTIAL)
         segment.writer = self._pq.ParquetWriter(
-            segment.file, self.schema.with_metadata(metadata), compression=self.compression)
+            segment.file, self.schema.with_metadata(metadata), compression=self.compression,
+            **self._encoding)
 
     def _write_group(self) -> None:
         """The pending batches as one row group of the segment's samples file."""
