@@ -218,11 +218,14 @@ class Recording:
             return loss_schema(self.pa, maps=self.maps is not None).empty_table()
         return self.pa.concat_tables(tables)
 
-    def batches(self, segment: Segment) -> Iterator[Any]:
-        """The record batches of one segment's samples file, a row group at a time."""
+    def batches(self, segment: Segment, columns: list[str] | None = None) -> Iterator[Any]:
+        """The record batches of one segment's samples file, a row group at a time (of
+        these ``columns``, or all)."""
         try:
             reader = self._pq.ParquetFile(segment.samples)
-            yield from reader.iter_batches()
+            names = reader.schema_arrow.names
+            yield from reader.iter_batches(
+                columns=None if columns is None else [c for c in columns if c in names])
         except (OSError, self.pa.ArrowException) as exc:
             raise RecordingFormatError(segment.samples, f"cannot be read ({exc})") from None
 

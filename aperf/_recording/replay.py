@@ -69,7 +69,10 @@ def _chunks(recording: Recording, map: str | None) -> Iterator[tuple[int, int, _
     import pyarrow.compute as pc
 
     for segment in recording.segments:
-        row = int(recording.file_metadata(segment.samples).get("aperf.first_row", "0") or 0)
+        first = recording.file_metadata(segment.samples).get("aperf.first_row", "0")
+        if not first.isdigit():
+            raise RecordingFormatError(segment.samples, f"aperf.first_row is {first!r}")
+        row = int(first)
         losses = recording._read(segment.losses) if segment.losses else None
         notices: list[tuple[int, int, int, int, str | None]] = []
         if losses is not None and losses.num_rows:
@@ -81,7 +84,7 @@ def _chunks(recording: Recording, map: str | None) -> Iterator[tuple[int, int, _
                                  losses.column(COUNT).to_pylist(), maps, times, strict=True))
         pending = [(r, key, count, m, t) for r, _, key, count, m, t in notices]  # type: ignore[misc]
         at = 0
-        for batch in recording.batches(segment):
+        for batch in recording.batches(segment, [TIME, CPU, MAP, DATA]):
             rows = batch.num_rows
             keys = batch.column(CPU).to_numpy()
             times = pc.cast(batch.column(TIME), pa.int64()).to_numpy()
@@ -222,6 +225,7 @@ class ReplaySource:
         self._pacer: threading.Thread | None = None
         self._stop = threading.Event()
         self._taken = threading.Event()  # paced: the published chunk was taken
+        self._failure: RecordingFormatError | None = None  # a damaged file, met while playing
 
     # --- the ring source protocol ----------------------------------------------------
 
@@ -263,7 +267,7 @@ class ReplaySource:
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(fd)
         if handle == self._end and handle >= 0:
-            raise SourceEnded(None, drain=True)
+            raise SourceEnded(self._failure, drain=True)
 
     def free(self) -> None:
         self._stop.set()
@@ -308,10 +312,30 @@ class ReplaySource:
         chunks = self._chunks
         if chunks is None or self._event < 0:
             return
-        self._published = next(chunks, None)
+        self._published = self._next_chunk(chunks)
         if self._published is not None:
             os.eventfd_write(self._event, 1)
-        elif not self.finished:
+        else:
+            self._finish()
+
+    def _next_chunk(self, chunks: Iterator[tuple[int, int, _Span]]) -> tuple[
+            int, int, _Span] | None:
+        """The next chunk, or None at the end (or at a fault in the files: the stream then
+        raises it, where it is)."""
+        try:
+            chunk = next(chunks, None)
+        except RecordingFormatError as exc:
+            self._failure = exc
+            return None
+        if chunk is not None and chunk[0] not in self.keys:
+            self._failure = RecordingFormatError(
+                self.recording.path, f"a sample of ring {chunk[0]}, which the recording does "
+                f"not list (its rings: {self.keys})")
+            return None
+        return chunk
+
+    def _finish(self) -> None:  # under self._lock
+        if not self.finished and self._end >= 0:
             self.finished = True
             os.eventfd_write(self._end, 1)
 
@@ -341,13 +365,10 @@ class ReplaySource:
         while not self._stop.is_set():
             with self._lock:
                 chunks = self._chunks
-                item = None if chunks is None else next(chunks, None)
-            if item is None:
-                with self._lock:
-                    if self._end >= 0 and not self.finished:
-                        self.finished = True
-                        os.eventfd_write(self._end, 1)
-                return
+                item = None if chunks is None else self._next_chunk(chunks)
+                if item is None:
+                    self._finish()
+                    return
             if first is None:
                 first, started = item[1], time.monotonic()
             due = started + (item[1] - first) / 1e6 / speed

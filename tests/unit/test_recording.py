@@ -478,3 +478,18 @@ def test_the_exec_report_example_reports_what_was_recorded(
     assert lines[10:13] == ["SLOWEST              PID      SECONDS",
                             "sh                   108        9.000",
                             "git                  107        8.000"]
+
+
+@pytest.mark.anyio
+async def test_a_replay_of_a_damaged_recording_raises_where_the_damage_is(
+        tmp_path: Path) -> None:
+    with aperf.Recorder(tmp_path / "rec", QQ, rings=[(None, 0)]) as recorder:
+        recorder.write(aperf.Sample(0, QQ.struct.pack(1, 0)))
+        recorder.write(aperf.Sample(5, QQ.struct.pack(2, 0)))  # a ring the metadata omits
+    source = aperf.replay(tmp_path / "rec")
+    got: list[Any] = []
+    async with aperf.PerfStream(source, decoder=QQ) as stream:
+        with pytest.raises(aperf.RecordingFormatError, match="ring 5"):
+            async for event in stream:
+                got.append(event)
+    assert [e.value.seq for e in got] == [1]  # what came before the damage
