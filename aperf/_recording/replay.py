@@ -31,7 +31,7 @@ from typing import Any
 from .._arrow.schema import CPU, DATA, MAP, TIME
 from .._decoding.decode import SizedDecoder
 from .._errors import BusyResourceError, DecoderMismatchError, RecordingFormatError
-from .._rings.seam import HandleKind, RingConfig, Run, Segment, SourceEnded
+from .._rings.seam import HandleKind, RecordFormat, RingConfig, Run, Segment, SourceEnded
 from .files import COUNT, ROW, Recording
 from .layouts import same_decoding
 
@@ -190,7 +190,7 @@ class ReplaySource:
     """
 
     handle_kind: HandleKind = "fd"
-    records = REPLAY_RECORDS
+    records: RecordFormat = REPLAY_RECORDS
 
     def __init__(self, path: str | os.PathLike[str] | Recording, *, speed: float | None = None,
                  map: str | None = None) -> None:
@@ -208,7 +208,9 @@ class ReplaySource:
         self.map = map
         self.speed = speed
         self.name = f"replay of {self.recording.path}" + (f" ({map})" if map else "")
-        self.decoder: SizedDecoder | None = self.recording.decoder
+        # A SizedDecoder, or None (recorded without one); typed Any so that
+        # PerfStream(source, decoder=source.decoder) type-checks whichever it is.
+        self.decoder: Any = self.recording.decoder
         self._recorded = json.loads(self.recording.metadata.get("aperf.decoder", "null"))
         keys = sorted({k for m, k in self.recording.rings if m == map})
         if not keys:  # a recording made without its rings listed: the keys its rows have
