@@ -238,13 +238,17 @@ class ReplaySource:
 
     @property
     def ring_bytes(self) -> int:
+        """The most bytes of samples one ring hands over at a time (a chunk)."""
         return CHUNK_BYTES
 
     @property
     def memory_bytes(self) -> int:
+        """The samples held at a time: one chunk (the files are read as it plays)."""
         return CHUNK_BYTES
 
     def open(self, config: RingConfig) -> Sequence[_ReplayRing]:
+        """The recorded rings (the RingSource protocol; streams call it). A replay plays
+        once: open a new one to play it again."""
         with self._lock:
             if self._event >= 0:
                 raise BusyResourceError(f"{self.name} is already open")
@@ -264,6 +268,8 @@ class ReplaySource:
         return rings
 
     def acknowledge(self, handle: int) -> None:
+        """Clear a handle's readiness (the RingSource protocol); the end notice ends the
+        source (the stream then closes once it handed out what it holds)."""
         for fd in (self._event, self._end):
             if handle == fd:
                 with contextlib.suppress(BlockingIOError):
@@ -272,6 +278,7 @@ class ReplaySource:
             raise SourceEnded(self._failure, drain=True)
 
     def free(self) -> None:
+        """Stop playing and close the handles (the RingSource protocol; idempotent)."""
         self._stop.set()
         pacer = self._pacer
         if pacer is not None and pacer is not threading.current_thread():
@@ -284,6 +291,7 @@ class ReplaySource:
             self._published = None
 
     def after_fork(self) -> None:
+        """In a child that inherited the open source: close its copies of the handles."""
         self._stop.set()
         self._lock = threading.Lock()  # one held by another thread stays held in the child
         for fd in (self._event, self._end):

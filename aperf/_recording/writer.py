@@ -432,6 +432,7 @@ class Recorder:
     # --- the end -------------------------------------------------------------------
 
     def statistics(self) -> RecorderStatistics:
+        """What was written so far (closed files), and what could not be."""
         with self._lock:
             return RecorderStatistics(last_error=self._last_error, **self._stats)
 
