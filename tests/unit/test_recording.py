@@ -493,3 +493,31 @@ async def test_a_replay_of_a_damaged_recording_raises_where_the_damage_is(
             async for event in stream:
                 got.append(event)
     assert [e.value.seq for e in got] == [1]  # what came before the damage
+
+
+@pytest.mark.anyio
+async def test_a_stream_of_several_maps_is_recorded_with_each_rows_map(tmp_path: Path) -> None:
+    a, b = FakeRingSource(cpus=[1], name="a"), FakeRingSource(cpus=[0, 1], name="b")
+    result: dict[str, Any] = {}
+    async with aperf.PerfStream({"first": a, "second": b}, decoder=QQ) as stream:
+
+        async def record() -> None:
+            result["stats"] = await stream.record(tmp_path / "rec")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(record)
+            for seq in range(6):
+                (a if seq % 2 else b).write(seq % 2, QQ.struct.pack(seq, 0))
+            await stream.aclose()
+    recording = aperf.Recording(tmp_path / "rec")
+    assert recording.maps == ["first", "second"]
+    assert sorted(recording.rings) == [("first", 1), ("second", 0), ("second", 1)]
+    rows = recording.samples().to_pylist()
+    assert sorted((r["_map"], r["_cpu"], r["seq"]) for r in rows) == [
+        ("first", 1, 1), ("first", 1, 3), ("first", 1, 5),
+        ("second", 0, 0), ("second", 0, 2), ("second", 0, 4)]
+    with pytest.raises(ValueError, match="several maps .first, second.: replay one"):
+        aperf.replay(tmp_path / "rec")
+    source = aperf.replay(tmp_path / "rec", map="second")
+    async with aperf.PerfStream(source, decoder=QQ) as replayed:
+        assert [(e.cpu, e.value.seq) async for e in replayed] == [(0, 0), (0, 2), (0, 4)]
