@@ -1,4 +1,5 @@
-"""``python -m aperf COMMAND ...``: aperf's tools. One so far: ``trace`` (also ``aperf-trace``)."""
+"""``python -m aperf COMMAND ...``: aperf's tools: ``trace`` (also ``aperf-trace``) and
+``record`` (any map of any BPF object, to Parquet files)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ USAGE = """usage: python -m aperf COMMAND [ARGS...]
 
 commands:
   trace    trace process exec and exit events (the same as aperf-trace)
+  record   record a map of a BPF object to Parquet files (docs/recording.md)
 
-python -m aperf trace --help shows the tracer's options."""
+python -m aperf COMMAND --help shows a command's options."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -19,6 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._tools.trace.cli import main as trace
 
         return trace(args[1:], command="python -m aperf trace")
+    if args and args[0] == "record":
+        from ._tools.record import main as record
+
+        return record(args[1:])
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0

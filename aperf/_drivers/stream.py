@@ -7,6 +7,7 @@ reader's deadline, and for the consumer. What to do then is the reader's.
 from __future__ import annotations
 
 import inspect
+import os
 import struct
 import threading
 import warnings
@@ -31,6 +32,7 @@ from .setup import ReaderOptions, SourceSpec, check_arrays_order
 
 if TYPE_CHECKING:
     from .._reading.columnar import ArrayItem
+    from .._recording.writer import RecorderStatistics
 
 Callback = Callable[[Any], Any]
 I = TypeVar("I")  # noqa: E741 - what an iterator hands out
@@ -404,6 +406,9 @@ class PerfStream(Generic[T]):
         except Exception as exc:  # never let it reach the loop's handler to be printed
             reader.push_failure(exc)
             added = 1
+        if reader.finished:  # the source came to its end (a replay): close, as aclose()
+            self._close_now()
+            return
         if not reader.watches(handle) and self._loop is not None:
             self._loop.forget(handle)
         watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
@@ -727,6 +732,31 @@ class PerfStream(Generic[T]):
         if reader.deadline != self._timer_at:
             self._sync_timer()  # taking resumed a parked timer
         return batch
+
+    # --- recording (docs/recording.md) ----------------------------------------------------
+
+    async def record(
+        self, directory: str | os.PathLike[str], *, seconds: float | None = None,
+        samples: int | None = None, **options: Any,
+    ) -> RecorderStatistics:
+        """Write everything this open stream hands out to Parquet files in ``directory``
+        until it closes (or ``seconds`` passed, or at least ``samples`` were written):
+        the samples, the lost notices with when they came, and per file what it takes
+        to read them back (host, kernel, the decoder's layout, the clock offsets).
+        ``aperf.replay(directory)`` plays it back. ``options`` are
+        ``aperf.Recorder``'s (``max_file_bytes``, ``max_file_seconds``,
+        ``on_write_error``, ``compression``...). Needs pyarrow (``aperf-bpf[arrow]``);
+        the iteration it does is this stream's: do not iterate it meanwhile."""
+        from .._recording.record import record_stream
+        from .._recording.writer import Recorder
+
+        reader = self._require_open()
+        decoder, maps, columnar = self._options.recorded()
+        rings = [(c.map, c.cpu) for c in reader.statistics().cpus]
+        recorder = Recorder(directory, decoder, maps=maps, rings=rings,
+                            source=reader.source.name, **options)
+        return await record_stream(self, recorder, columnar=columnar, max_seconds=seconds,
+                                   max_samples=samples)
 
     # --- introspection -------------------------------------------------------------------
 

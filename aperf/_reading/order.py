@@ -628,7 +628,8 @@ class ArrayOrderer(_Rings):
             values = recs.view(columns.strided_dtype(recs.dtype.itemsize, 0))
             values.flags.writeable = False
             array = SampleArray(int(cpus[0]) if one else -1, values,
-                                _source=_Gathered(None, None, None, cpus, recs))
+                                _source=_Gathered(None, None, None, cpus, recs),
+                                _columns=columns)
             array.cpus = None if one else cpus
             array.late = late
             return array
@@ -646,7 +647,7 @@ class ArrayOrderer(_Rings):
                  if columns.has_tail else None)
         array = SampleArray(int(cpus[0]) if one else -1, values, tails,
                             _source=_Gathered(np.frombuffer(data, np.uint8), rows.starts,
-                                              rows.lengths, cpus))
+                                              rows.lengths, cpus), _columns=columns)
         array.cpus = None if one else cpus
         array.late = late
         return array

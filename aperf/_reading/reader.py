@@ -176,6 +176,7 @@ class Reader:
         self.stalled: set[int] = set()  # rings with data left while we were full
         self.paused = False
         self.closed = False
+        self.finished = False  # the source came to its end (SourceEnded(None))
         self.counters = {key: [0, 0, 0, 0] for key in self.rings}
         self.high_water: dict[int, int] = {}  # per ring: the largest span one drain took
         self.broken: set[int] = set()
@@ -530,13 +531,17 @@ class Reader:
         self.queue.append(_Failure(exc))
         self.pending += 1
 
-    def end(self, error: BaseException, *, drain: bool) -> int:
+    def end(self, error: BaseException | None, *, drain: bool) -> int:
         """The source is over for good: queue what the rings hold (unless ``drain`` is
-        False: then they are no longer ours), then ``error``; look at nothing more."""
+        False: then they are no longer ours), then ``error``; look at nothing more.
+        No error: the source came to its end (``finished``: the drivers close)."""
         if not drain:
             self.rings = {}
         self.close()
-        self.push_failure(error)
+        if error is None:
+            self.finished = True
+        else:
+            self.push_failure(error)
         return 1
 
     def _requeue(self, error: DecodeError, rest: Payloads) -> None:

@@ -22,7 +22,7 @@ import operator
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .._errors import UnsupportedError
 from .._options import Wakeup
@@ -128,9 +128,11 @@ class Ring(Protocol):
 class SourceEnded(Exception):
     """Raised by a source's ``acknowledge(handle)`` when the source is over for good
     (e.g. another process took its map over): the reader queues what its rings
-    hold if ``drain`` (they are still this reader's), then ``error``, and stops."""
+    hold if ``drain`` (they are still this reader's), then ``error``, and stops.
+    ``error`` None: the source came to its end (a replay of a recording): nothing is
+    raised, and the drivers close the stream once it handed out what it holds."""
 
-    def __init__(self, error: BaseException, *, drain: bool) -> None:
+    def __init__(self, error: BaseException | None, *, drain: bool) -> None:
         super().__init__(error)
         self.error = error
         self.drain = drain
@@ -196,6 +198,16 @@ class RingSource(Protocol):
         """In a child process that inherited the open source: close this process's
         copies of the handles and release nothing shared with the parent (memory,
         map slots). Nothing may be read afterwards."""
+        ...
+
+
+@runtime_checkable
+class RecordedSource(Protocol):
+    """What a source may add (optional): it knows the decoder its samples were made for
+    (a replay of a recording), and refuses a stream's decoder that is another one."""
+
+    def check_decoder(self, decoder: object) -> None:
+        """Raise ``aperf.DecoderMismatchError`` naming both, if ``decoder`` is not it."""
         ...
 
 

@@ -125,11 +125,18 @@ class StopSignals(aperf.SignalCloser):
 
 
 class Printer:
-    """How the tracer shows each item of the stream: events on stdout, trouble on stderr."""
+    """How the tracer shows each item of the stream: events on stdout, trouble on stderr;
+    and, with ``--record DIR``, writes them to a recording too (``recorder``)."""
 
     def __init__(self, out: LineOutput, as_json: bool) -> None:
         self.out = out
         self.as_json = as_json
+        self.recorder: Any = None
+
+    async def record(self, items: list[Any]) -> None:
+        """Hand items to the recorder (in a worker thread: Parquet writes take time)."""
+        if self.recorder is not None and items:
+            await asyncio.to_thread(self.recorder.write, items)
 
     async def header(self) -> None:
         if not self.as_json:
@@ -171,11 +178,18 @@ async def trace(args: argparse.Namespace) -> int:
                 # out what was already read, and ends.
                 stop.on_stop(stream.close)
                 printer = Printer(out, args.json)
+                recorder = open_recorder(args, obj, stream)
+                if recorder is not None:
+                    printer.recorder = recorder
                 await printer.header()
-                if sink is None:
-                    await show_all(stream, printer)
-                else:
-                    await publish(stream, printer, sink, stop)
+                try:
+                    if sink is None:
+                        await show_all(stream, printer)
+                    else:
+                        await publish(stream, printer, sink, stop)
+                finally:
+                    if recorder is not None:
+                        await asyncio.to_thread(recorder.close)
     finally:
         try:
             await out.aclose()
@@ -187,10 +201,40 @@ async def trace(args: argparse.Namespace) -> int:
 
 async def show_all(stream: aperf.PerfStream[Any], printer: Printer) -> None:
     """Print every item until the stream ends; close it if stdout's reader went away."""
+    if printer.recorder is not None:  # a batch at a time, each printed, then recorded
+        async for batch in stream.batches():
+            await show_batch(stream, printer, batch)
+        return
     async for item in stream:
         await printer.show(item)
         if printer.out.broken:
             stream.close()
+
+
+async def show_batch(stream: aperf.PerfStream[Any], printer: Printer, batch: list[Any]) -> None:
+    """Print a batch, then record it (``--record``); close the stream if stdout's reader
+    went away."""
+    for item in batch:
+        await printer.show(item)
+    await printer.record(batch)
+    if printer.out.broken:
+        stream.close()
+
+
+def open_recorder(args: argparse.Namespace, obj: aperf.BPFObject,
+                  stream: aperf.PerfStream[Any]) -> aperf.Recorder | None:
+    """With ``--record DIR``: a recorder of the tracer's events (``struct event``, from the
+    object's BTF), in DIR."""
+    if args.record is None:
+        return None
+    try:
+        return aperf.Recorder(
+            args.record, aperf.decoders.from_btf(obj, "event"), source="aperf-trace",
+            rings=[(c.map, c.cpu) for c in stream.statistics().cpus])
+    except aperf.MissingExtraError as exc:
+        raise SetupError(f"--record: {exc}") from None
+    except aperf.RecordingError as exc:
+        raise SetupError(f"--record: {exc}") from None
 
 
 async def open_sink(args: argparse.Namespace) -> Any:
@@ -237,10 +281,7 @@ async def publish(
 
     stop.on_stop(give_up)
     async for batch in stream.batches():
-        for item in batch:
-            await printer.show(item)
-        if printer.out.broken:
-            stream.close()
+        await show_batch(stream, printer, batch)
         if stop.requested:
             continue
         try:
@@ -356,6 +397,12 @@ def parse_args(
         help="read the CPUs' rings in N processes (at most one per online CPU), for hosts "
         "where one process cannot keep up; the tracer is loaded once",
     )
+    parser.add_argument(
+        "--record", metavar="DIR", default=None,
+        help="also write every event, and every loss, to Parquet files in DIR (a new or "
+        "empty directory; needs aperf-bpf[arrow]): aperf.Recording(DIR) and "
+        "aperf.replay(DIR) read them back (docs/recording.md)",
+    )
     # A shard of --shards N: the pinned map and the CPUs it reads (set by the parent).
     parser.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shard-cpus", default=None, help=argparse.SUPPRESS)
@@ -373,9 +420,9 @@ def parse_args(
         )
         _natsargs.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.shards is not None and (args.ringbuf or getattr(args, "nats", None)):
+    if args.shards is not None and (args.ringbuf or getattr(args, "nats", None) or args.record):
         parser.error("--shards reads a perf event array in several processes: it does not go "
-                     "with --ringbuf (one ring for every CPU) or --nats")
+                     "with --ringbuf (one ring for every CPU), --nats or --record")
     if fleet and args.nats is not None:
         check_fleet_options(parser, args)
     if args.pages is None:
