@@ -9,10 +9,15 @@ The compile rules live in ``bpf/Makefile`` alone; this hook runs
 Editable installs (``pip install -e .``) compile nothing: a checkout gets its
 objects from ``make -C bpf`` (``scripts/setup.sh`` runs it), as before.
 
-The wheel is pure (``py3-none-any``, setuptools' own tag for a distribution
-without extension modules): it holds Python and BPF bytecode, which the kernel
-verifies and compiles itself, and no machine code. docs/install.md says why
-that tag is honest for these objects, and tests/packaging/test_packaging.py checks it.
+It also builds aperf's optional compiled fast path (``aperf/_native/_speedups.c``,
+declared in pyproject.toml as an optional extension on the limited API): ``BuildExt``
+skips it when ``APERF_NO_EXTENSIONS=1`` is set, and setuptools skips it when the
+compiler fails (``optional``). ``BdistWheel`` then tags the wheel by what it holds:
+with the compiled module, ``cp311-abi3-<platform>`` (every CPython from 3.11; auditwheel
+repair makes the platform ``manylinux_2_17``); without it, ``py3-none-any``: Python and
+BPF bytecode, which the kernel verifies and compiles itself, and no machine code.
+docs/install.md says why that tag is honest for these objects, and
+tests/packaging/test_packaging.py checks both wheels.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.errors import ExecError
 
@@ -80,3 +87,46 @@ class BuildPy(build_py):
         # mean nothing and the tools are absent: the wheel there ships none.
         if not self.editable_mode and sys.platform != "win32":
             compile_objects(Path(self.build_lib).resolve() / "aperf" / "_objects")
+
+
+LIMITED_API = "cp311"  # _speedups.c's Py_LIMITED_API: the buffer protocol is 3.11's
+
+
+def extensions_off() -> bool:
+    """``APERF_NO_EXTENSIONS`` asks for the pure package (as aperf reads it at run time)."""
+    value = os.environ.get("APERF_NO_EXTENSIONS", "").strip().lower()
+    return value not in ("", "0", "false", "no")
+
+
+class BuildExt(build_ext):
+    """build_ext, skipped under ``APERF_NO_EXTENSIONS=1`` (a failed compile is skipped by
+    setuptools itself: the extension is ``optional``)."""
+
+    def run(self) -> None:
+        if extensions_off():
+            print("aperf: APERF_NO_EXTENSIONS is set: building the pure package")
+            return
+        super().run()
+
+
+class BdistWheel(bdist_wheel):
+    """bdist_wheel, tagged by what the build holds: the abi3 tag with the compiled fast
+    path, ``py3-none-any`` without it (APERF_NO_EXTENSIONS=1, or no compiler)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if extensions_off():
+            self.root_is_pure = True
+        elif not self.root_is_pure and not self.py_limited_api:
+            self.py_limited_api = LIMITED_API
+
+    def run(self) -> None:
+        if not self.root_is_pure and not self.skip_build:
+            self.run_command("build")  # bdist_wheel's own run of it is then a no-op
+            build_lib = Path(self.get_finalized_command("build").build_lib)
+            if not list((build_lib / "aperf" / "_native").glob("_speedups*")):
+                print("aperf: the fast path was not compiled: building the pure package")
+                self.root_is_pure = True
+        if self.root_is_pure:
+            self.py_limited_api = False
+        super().run()

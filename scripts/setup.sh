@@ -3,7 +3,8 @@
 #   - Debian packages: clang/llvm (BPF compiler), libbpf1 + libbpf-dev, bpftool, make, gcc,
 #     chromium + chromium-driver (the service page's browser test), nats-server (JetStream,
 #     for the aperf.fleet tests)
-#   - Python packages, in .venv: aperf itself (editable) with its test, service and docs extras
+#   - Python packages, in .venv: aperf itself (editable, its compiled fast path built in
+#     place) with its test, service and docs extras
 #   - tracefs and bpffs mounted
 #   - the BPF objects built (bpf/*.bpf.o, and the shipped ones in aperf/_objects/)
 set -euo pipefail
@@ -36,7 +37,10 @@ fi
 # (pyproject.toml, this script, the interpreter) is as at the last install, so that
 # scripts/tracer.sh starts at once. APERF_SETUP_FORCE=1 installs anyway.
 STAMP=.venv/.aperf-setup-stamp
-inputs=$( { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
+# The editable install compiles aperf's fast path (aperf/_native/_speedups.c) in place:
+# its source is an input too.
+inputs=$( { cat pyproject.toml scripts/setup.sh bpf/build_hook.py aperf/_native/_speedups.c; \
+    .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
 if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inputs" ]; then
     # The distribution was called "aperf" before it became aperf-bpf: a .venv made then
     # holds that editable install too, which would shadow the metadata of the new one.

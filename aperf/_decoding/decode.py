@@ -278,6 +278,12 @@ class SizedDecoder:
             raise TypeError(f"{self.name} has a tail: decode its payloads")
         return list(map(self.build, rows))
 
+    @property
+    def row_class(self) -> Callable[[tuple[Any, ...]], Any] | None:
+        """The record class each unpacked row becomes (``row_class(row)``), where that is
+        all a value is; else None."""
+        return self._row_class
+
     def each_row(self, rows: Iterable[tuple[Any, ...]]) -> Iterable[Any]:
         """``decode_rows(rows)``, one value at a time where that is cheaper (no list in
         between: a record class applied to each row, or the rows themselves)."""

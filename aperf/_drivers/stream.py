@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
+from .._native import speedups
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
@@ -528,7 +529,7 @@ class PerfStream(Generic[T]):
 
     def __aiter__(self) -> AsyncIterator[Event[T]]:
         reader = self._require_open()
-        return _Items(self, reader.next_event, partial(self._fill, reader, DEFAULT_BATCH))
+        return _iterate(self, reader.next_event, partial(self._fill, reader, DEFAULT_BATCH))
 
     async def __anext__(self) -> Event[T]:
         """One event (``await anext(stream)``); ``async for`` takes them a batch at a time."""
@@ -549,7 +550,7 @@ class PerfStream(Generic[T]):
         reader = self._require_open()
         return self._batches(partial(self._take, reader, max_items))
 
-    def _batches(self, take: Callable[[], list[Any]]) -> _Items[Any]:
+    def _batches(self, take: Callable[[], list[Any]]) -> AsyncIterator[list[Any]]:
         # A batch is taken into this slot and handed out in the same step: nothing
         # waits in it across an await, so a cancelled anext() loses nothing.
         slot: deque[list[Any]] = deque()
@@ -560,7 +561,7 @@ class PerfStream(Generic[T]):
                 slot.append(batch)
             return bool(batch)
 
-        return _Items(self, slot.popleft, fill)
+        return _iterate(self, slot.popleft, fill)
 
     async def run(
         self,
@@ -696,7 +697,7 @@ class PerfStream(Generic[T]):
         check_arrays_order(self._options)
         reader = self._require_open()
         reader.columns()
-        return _Items(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))
+        return _iterate(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))
 
     def lease(self, max_rows: int | None = None) -> AsyncContextManager[list[ArrayItem]]:
         """Columnar batches that view the rings' memory in place, for as long as the
@@ -774,6 +775,22 @@ class PerfStream(Generic[T]):
     def wakeup(self) -> Wakeup:
         """The wakeup policy in force."""
         return self._options.wakeup
+
+
+def _iterate(
+    stream: PerfStream[Any], next_item: Callable[[], I], fill: Callable[[], bool]
+) -> AsyncIterator[I]:
+    """What ``async for``, ``batches()`` and ``arrays()`` iterate: ``_Items``, or with the
+    compiled fast path its C iterator, which hands out what the front holds without a
+    coroutine and turns to ``_Items``'s step when it is empty (the same waits, the same
+    cancellation: nothing is taken before the step runs)."""
+    items = _Items(stream, next_item, fill)
+    if _FastItems is None:
+        return items
+    return _FastItems(next_item, items.__anext__)
+
+
+_FastItems = speedups.Items
 
 
 class _Items(Generic[I]):

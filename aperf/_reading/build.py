@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from .._decoding.decode import SizedDecoder
 from .._errors import DecodeError
 from .._events import BadSample, Event, Lost, Sample, tagged
+from .._native import speedups
 from .._options import DecodeErrorPolicy
 from .._rings.seam import Run
 
@@ -25,6 +26,9 @@ _tuple_new = tuple.__new__
 _repeat = itertools.repeat
 _starmap = itertools.starmap
 _NONES = itertools.repeat(None)
+# The compiled fast path's builders (None: pure): the same events, without the zips.
+_build_run = speedups.build_run
+_build_payloads = speedups.build_payloads
 
 
 class RunPiece(NamedTuple):
@@ -95,6 +99,10 @@ class EventBuilder:
         """Sample events of records ``start`` to ``stop`` of a run, straight out of its span."""
         decoder = self.decoder
         if decoder is None:
+            if _build_run is not None:
+                _build_run(self.sample, key - self.offset, run.span, run.start + start * run.stride,
+                           stop - start, run.stride, run.skip, run.size, None, None, out)
+                return
             rows = zip(_repeat(key - self.offset), run.each_payload(start, stop), _NONES,
                        strict=False)
             out.extend(map(_tuple_new, _repeat(self.sample), rows))
@@ -105,13 +113,25 @@ class EventBuilder:
             fields = decoder.strided(run.skip, run.stride)
             if fields is None:
                 listed = run.payloads(start, stop)
+                decoded = decoder.decode_many(listed)
+                if _build_payloads is not None:
+                    _build_payloads(self.sample, key - self.offset, listed, decoded, out)
+                    return
                 payloads: Iterable[bytes] = listed
-                values: Iterable[Any] = decoder.decode_many(listed)
+                values: Iterable[Any] = decoded
             else:
-                # Payloads and values one at a time into the zip: no lists in between.
-                payloads = run.each_payload(start, stop)
                 at = run.start + start * run.stride
                 view = memoryview(run.span)[at : at + (stop - start) * run.stride]
+                if _build_run is not None:
+                    # The rows straight into records and events, in C.
+                    unpacked = fields.iter_unpack(view)
+                    record = decoder.row_class
+                    _build_run(self.sample, key - self.offset, run.span, at, stop - start,
+                               run.stride, run.skip, run.size, unpacked if record is not None
+                               else iter(decoder.each_row(unpacked)), record, out)
+                    return
+                # Payloads and values one at a time into the zip: no lists in between.
+                payloads = run.each_payload(start, stop)
                 values = decoder.each_row(fields.iter_unpack(view))
             # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
             # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
@@ -125,12 +145,18 @@ class EventBuilder:
         decoder = self.decoder
         cpu, sample = key - self.offset, self.sample
         if decoder is None:
+            if _build_payloads is not None:
+                _build_payloads(sample, cpu, payloads, None, out)
+                return
             rows = zip(_repeat(cpu), payloads, _NONES, strict=False)
             out.extend(map(_tuple_new, _repeat(sample), rows))
             return
         if uniform and isinstance(decoder, SizedDecoder) and len(payloads[0]) >= decoder.size:
             # Fixed-size records, all long enough: decode the whole run at C speed.
             values = decoder.decode_many(payloads)
+            if _build_payloads is not None:
+                _build_payloads(sample, cpu, payloads, values, out)
+                return
             rows = zip(_repeat(cpu), payloads, values, strict=False)
             out.extend(map(_tuple_new, _repeat(sample), rows))
             return

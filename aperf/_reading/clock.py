@@ -8,7 +8,7 @@ fake), so it is tested without waiting. The reader tells it what happened
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from .._options import Wakeup
 
@@ -16,10 +16,16 @@ Clock = Callable[[], float]
 
 
 class DrainClock:
-    """The deadline of the next look at the rings, from when each ring was last drained."""
+    """The deadline of the next look at the rings, from when each ring was last drained.
 
-    __slots__ = ("_drained_at", "_last_traffic", "_max_latency", "_ticked_at", "deadline",
-                 "now", "wakeup")
+    A ring's last drain is ``_drained_at[key]`` if it was drained since the last tick
+    that looked at every ring (or could not be drained then), else ``_all_at``, that
+    tick's time: so a tick that finds most rings empty records that in one step
+    (``looked_all``), and what a tick costs grows with the busy rings only.
+    """
+
+    __slots__ = ("_all_at", "_drained_at", "_last_traffic", "_max_latency", "_ticked_at",
+                 "deadline", "now", "wakeup")
 
     def __init__(self, wakeup: Wakeup, clock: Clock, keys: Iterable[int]) -> None:
         self.wakeup = wakeup
@@ -27,7 +33,8 @@ class DrainClock:
         self._max_latency = wakeup.max_latency if wakeup.batched else None
         start = clock()
         self._last_traffic = start
-        self._drained_at = dict.fromkeys(keys, start)  # key -> last take
+        self._all_at = start  # the last drain of every ring not in _drained_at
+        self._drained_at: dict[int, float] = {}  # key -> last take, since then
         self._ticked_at = start
         self.deadline: float | None = (
             None if self._max_latency is None else start + self._max_latency
@@ -59,7 +66,7 @@ class DrainClock:
         is due by then anyway)."""
         max_latency = self._max_latency
         return max_latency is not None and (
-            self.now() - self._drained_at.get(key, -max_latency) < max_latency)
+            self.now() - self._drained_at.get(key, self._all_at) < max_latency)
 
     def start_tick(self) -> tuple[float, float]:
         """The timer fired: (now, the time of the tick before)."""
@@ -69,14 +76,24 @@ class DrainClock:
 
     def due(self, key: int, since: float) -> bool:
         """Whether a tick must look at this ring: not drained since the tick before."""
-        return self._drained_at.get(key, since) <= since
+        return self._drained_at.get(key, self._all_at) <= since
 
     def looked(self, key: int, now: float) -> None:
         """A tick looked at this ring at ``now`` (not at a later time a drain recorded)."""
         if self._drained_at.get(key, now) > now:
             self._drained_at[key] = now
 
-    def end_tick(self, now: float, found: bool, keys: Iterable[int], *, parked: bool) -> None:
+    def looked_all(self, now: float, since: float) -> None:
+        """A tick at ``now`` looked at every ring due (not drained since ``since``, the tick
+        before): those it did not drain were empty, looked at now. One step however many
+        there are: the rings drained since ``since`` keep their own times."""
+        self._all_at = now
+        drained_at = self._drained_at
+        for key in [key for key, at in drained_at.items() if at <= since]:
+            del drained_at[key]
+
+    def end_tick(self, now: float, found: bool, keys: Collection[int], *,
+                 parked: bool) -> None:
         """Set the deadline after a tick at ``now``.
 
         A ring drained at ``t`` (by its wakeup, a take) need not be looked at before
@@ -93,7 +110,10 @@ class DrainClock:
             self.deadline = None
             return
         drained_at = self._drained_at
-        earliest = min((drained_at.get(key, now) for key in keys), default=now)
+        own = [at for key, at in drained_at.items() if key in keys]
+        earliest = min(own, default=now)
+        if len(own) < len(keys):  # the others were last drained at _all_at
+            earliest = min(earliest, self._all_at)
         # Never in the past: a ring that could not be drained (full queue) must not
         # make the timer spin.
         self.deadline = max(earliest + period, now + period / 4)

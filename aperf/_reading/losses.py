@@ -63,6 +63,11 @@ class LossLedger:
             return ring.lost_total()
         return None
 
+    def owed(self) -> set[int]:
+        """The rings whose next drain reads the producer's count even if they are empty
+        (held back, or taken nearly full: see ``count_before_take``)."""
+        return self._recheck | self.marks.keys() if self.marks else set(self._recheck)
+
     def took_full(self, key: int) -> None:
         """A drain took nearly a whole ring: the ring may have dropped after the count
         was read (or, if it filled up after ``count_before_take`` looked, none was),

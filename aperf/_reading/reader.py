@@ -41,6 +41,7 @@ from .._rings.seam import Ring, RingSource, Run, Segment, SourceEnded
 from .build import Decoder, EventBuilder, Payloads, RunPiece
 from .callbacks import Handlers, dispatch
 from .clock import Clock, DrainClock
+from .looks import watcher
 from .losses import LossLedger, LostCounter
 from .multi import MultiSource
 from .order import DEFAULT_LATENESS, ArrayOrderer, Orderer, OrderKey
@@ -186,6 +187,7 @@ class Reader:
         self.losses = LossLedger(rings)
         self.wakeup = wakeup
         self.clock = DrainClock(wakeup, clock, self.rings)
+        self._busy_rings = watcher()  # the tick's look at every ring's head
         # Ordered streams (order_by=): built events wait here until their turn (order.py).
         period = wakeup.max_latency if wakeup.batched else None
         self.orderer = None if order_by is None else Orderer(
@@ -274,10 +276,17 @@ class Reader:
         # drained since the last tick: else a tick that looked at no ring would take the
         # silence for idleness, and the timer would come back only in idle_latency.
         full = self.pending >= self.max_pending
-        for key in list(self.rings):
+        # Unless something needs every ring drained, only the rings that hold something
+        # (or that the reader owes a drain) are looked at one by one; the empty ones are
+        # looked at all at once (``_worth_draining``): a tick's cost grows with the busy
+        # rings, not with the idle ones.
+        every = full or bool(self._orderers) or bool(self.gather_below)
+        for key in list(self.rings) if every else self._worth_draining():
             if full or clock.due(key, since):
                 added += self.drain(key)
                 clock.looked(key, now)
+        if not every:
+            clock.looked_all(now, since)
         clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
         for orderer in self._orderers:
             if orderer.count:
@@ -289,6 +298,16 @@ class Reader:
                     added += 1
                 orderer.checked(now)
         return added
+
+    def _worth_draining(self) -> list[int]:
+        """The rings a tick drains: those that hold something (the compiled fast path
+        reads every head in one call: ``looks.watcher``), and those whose drain does more
+        than take (held back by a full queue, or owing a look at the producer's count)."""
+        keys = self._busy_rings(self.rings)
+        owed = self.stalled | self.losses.owed()
+        if owed:
+            keys.extend(key for key in self.rings if key in owed and key not in keys)
+        return keys
 
     # --- draining -------------------------------------------------------------------
 
@@ -613,6 +632,7 @@ class Reader:
         finally:
             self.closed = True
             self.rings = {}
+            self._busy_rings(self.rings)  # the watcher lets go of the rings it saw
             self._handles = {}
             self.stalled.clear()
             self.paused = False

@@ -35,7 +35,8 @@ ENTRY_POINTS = {"__main__", "fleet.__main__"}
 # Floors inside packages (their modules and subpackages), bottom up, by the same rule.
 # A package not listed here (fleet) is checked for cycles only.
 INSIDE = {
-    "_native": {"prototypes": 0, "shared_ring": 0, "libbpf": 1, "ebpfapi": 1},
+    "_native": {"prototypes": 0, "shared_ring": 0, "speedups": 0, "_speedups": 0, "libbpf": 1,
+                "ebpfapi": 1},
     "_native.libbpf": {"binding": 0, "api": 1, "__init__": 2},
     "_native.ebpfapi": {"binding": 0, "api": 1},
     # The protocols are vocabulary the seam uses; the loops' bindings sit above them, and
@@ -54,7 +55,7 @@ INSIDE = {
     "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
     "_rings.ringbuf": {"format": 0, "source": 1, "user_format": 1},
     "_rings.windows": {"perf": 0, "ringbuf": 1},
-    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
+    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "looks": 0, "order": 1,
                  "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
@@ -82,6 +83,12 @@ NATIVE_USERS = {
     "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.perf",
                         "_rings.windows.ringbuf"},
     "_native.shared_ring": {"_drivers.lease"},
+    # The compiled fast path (_speedups.c, no library of anyone else's) stands in for pure
+    # functions of the formats, the ring memory, the builder, the reader's tick, the
+    # stream's iterator, and says which path runs (__init__, aperf-trace -v).
+    "_native.speedups": {"_rings.perf.format", "_rings.ringbuf.format", "_native.libbpf.api",
+                         "_reading.build", "_reading.looks", "_drivers.stream", "__init__",
+                         "_tools.trace.cli"},
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
@@ -118,6 +125,8 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 def imports() -> dict[str, set[str]]:
     """module -> the aperf modules it imports at run time (lazy imports included)."""
     modules = {module_of(p): p for p in PACKAGE.rglob("*.py")}
+    # Compiled modules (aperf/_native/_speedups.c) are imported as modules too.
+    compiled = {module_of(p.with_suffix(".py")) for p in PACKAGE.rglob("*.c")}
 
     def named(dotted: str) -> str:
         return dotted if dotted else "__init__"
@@ -125,7 +134,7 @@ def imports() -> dict[str, set[str]]:
     def target(base: str, name: str) -> str:
         # ``from base import name``: the submodule base.name if there is one, else base.
         full = f"{base}.{name}" if base else name
-        return full if full in modules else named(base)
+        return full if full in modules or full in compiled else named(base)
 
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
@@ -266,7 +275,9 @@ def test_the_reader_reaches_no_binding() -> None:
             todo.extend(graph.get(module, ()))
     forbidden = ("_native", "_bpf.object", "_bpf.btf", "_rings.perf.source", "_rings.windows",
                  "_drivers")
-    assert not [m for m in seen if any(_inside(m, f) for f in forbidden)]
+    # The compiled fast path is no binding: it stands in for the reader's own functions.
+    allowed = {"_native.speedups", "_native._speedups"}
+    assert not [m for m in seen - allowed if any(_inside(m, f) for f in forbidden)]
 
 
 def test_importing_aperf_loads_no_library() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..._errors import ArgumentError, ClosedResourceError, LibbpfError, PinnedPathError
 from ..prototypes import MapInfo, read_map_info
+from ..speedups import RingCell
 from . import binding as c
 
 # --- libbpf's log -----------------------------------------------------------------
@@ -744,7 +745,7 @@ class RingMemory:
     makes that ordering sufficient, see docs/rings.md).
     """
 
-    __slots__ = ("_data", "_head", "_mapped", "_tail", "size")
+    __slots__ = ("_data", "_head", "_mapped", "_tail", "cell", "size")
 
     def __init__(self, base: int) -> None:
         control = (ctypes.c_uint64 * 4).from_address(base + 1024)
@@ -754,6 +755,9 @@ class RingMemory:
         self._data = base + data_offset
         self.size = int(data_size)
         self._mapped = True
+        # The compiled fast path's handle on the same page (None: pure): PerfRing.take()
+        # in one call, and the drain tick's look at the head (aperf/_native/speedups.py).
+        self.cell = None if RingCell is None else RingCell(base)
 
     def positions(self) -> tuple[int, int]:
         """(head, tail): the head is read first so every byte below it is written."""
@@ -774,6 +778,8 @@ class RingMemory:
 
     def release(self) -> None:
         """Forget the mapping; called before the rings are unmapped."""
+        if self.cell is not None:
+            self.cell.release()
         self._mapped = False
         self._head = self._tail = None  # type: ignore[assignment]
         self._data = 0

@@ -11,6 +11,7 @@ import struct
 from typing import Protocol
 
 from ..._errors import ArgumentError, BrokenRingError
+from ..._native import speedups
 from ..seam import Run, RunEnd, Segment
 
 PERF_RECORD_LOST = 2
@@ -53,7 +54,7 @@ class PerfRing:
     its own count of dropped samples overrides ``lost_total()``.
     """
 
-    __slots__ = ("_mask", "handle", "key", "memory")
+    __slots__ = ("_cell", "_mask", "handle", "key", "memory")
 
     def __init__(self, key: int, handle: int, memory: RingMemoryLike) -> None:
         size = memory.size
@@ -63,6 +64,9 @@ class PerfRing:
         self.handle = handle
         self.memory = memory
         self._mask = size - 1
+        # The compiled fast path's view of a mapped ring (RingMemory's, with the fast
+        # path): take() in one C call, and the drain tick's look at its head.
+        self._cell = getattr(memory, "cell", None)
 
     def pending_bytes(self) -> int:
         head, tail = self.memory.positions()
@@ -73,6 +77,9 @@ class PerfRing:
 
     def take(self) -> bytes:
         """Copy every complete record out of the ring (wrapping span joined) and free the space."""
+        if self._cell is not None:
+            span: bytes = self._cell.take(self.key)
+            return span
         memory = self.memory
         head, tail = memory.positions()
         size = self._mask + 1
@@ -123,6 +130,8 @@ def split_span(
     ``BrokenRingError`` on a record that does not fit; its ``partial``
     holds the segments before it, which are intact.
     """
+    if run_end is uniform_run_end and _perf_split is not None:
+        return _perf_split(cpu, span, Run)  # the same, in C
     segments: list[Segment] = []
     single: list[bytes] = []  # samples parsed one at a time, not yet a segment
     try:
@@ -135,6 +144,9 @@ def split_span(
     if single:
         segments.append((single, False))
     return segments, other
+
+
+_perf_split = speedups.perf_split
 
 
 def _split(

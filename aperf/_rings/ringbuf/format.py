@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import BrokenRingError, ClosedResourceError
+from ..._native import speedups
 from ..seam import Segment
 
 BUSY_BIT = 1 << 31
@@ -177,6 +178,8 @@ class RingBufferRing:
 
     def _committed_end(self, pos: int, prod: int) -> int:
         """Position after the last committed record in [pos, prod): stops at a BUSY one."""
+        if _committed_end is not None:
+            return _committed_end(self._words, self._offset, self._mask, pos, prod)  # in C
         words, memory, offset, mask = self._words, self._memory, self._offset, self._mask
         while pos < prod:
             at = offset + (pos & mask)
@@ -248,6 +251,10 @@ class RingBufferRing:
             view.release()
 
 
+_ringbuf_split = speedups.ringbuf_split
+_committed_end = speedups.ringbuf_committed_end
+
+
 def split_span(key: int, span: bytes) -> tuple[list[Segment], int]:
     """Parse taken ring buffer records into segments, in order; count discarded ones.
 
@@ -255,6 +262,8 @@ def split_span(key: int, span: bytes) -> tuple[list[Segment], int]:
     length, as for perf records. Payloads are exactly what the program wrote
     (no padding). Runs of records with the same header are cut out at C speed.
     """
+    if _ringbuf_split is not None:
+        return _ringbuf_split(key, span)  # the same, in C
     segments: list[Segment] = []
     single: list[bytes] | None = None
     discarded = 0
