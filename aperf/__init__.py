@@ -68,6 +68,7 @@ from ._events import Tails as Tails
 from ._naming import show_public_names as _show_public_names
 from ._native.libbpf import libbpf_version as libbpf_version
 from ._native.libbpf import set_libbpf_verbose as set_libbpf_verbose
+from ._native.speedups import EXTENSIONS as EXTENSIONS
 from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
 from ._recording.files import Recording as Recording
@@ -82,6 +83,7 @@ __version__ = "0.2.0"  # the one place it is written (pyproject.toml reads it)
 
 __all__ = [
     "DEFAULT_PAGES",
+    "EXTENSIONS",
     "NO_CPU",
     "AperfError",
     "ArgumentError",

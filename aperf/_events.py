@@ -193,6 +193,8 @@ class StreamStatistics:
     (older kernels: drops at the end of a burst show up once a sample follows),
     ``"none"`` for a BPF ring buffer read without the BPF side's count of failed
     outputs (the kernel counts none: see [`aperf.RingBufferSource`][aperf.RingBufferSource]).
+    ``fast_path`` says whether the stream runs on aperf's compiled fast path
+    ([`aperf.EXTENSIONS`][aperf.EXTENSIONS]).
     """
 
     cpus: tuple[CpuStatistics, ...]
@@ -204,6 +206,8 @@ class StreamStatistics:
     closed: bool
     drain_period: float | None = None  # the drain timer's current period (None: no timer)
     lost_counter: Literal["exact", "records", "none"] = "records"
+    fast_path: bool = dataclasses.field(default=False, compare=False)
+    """Whether the stream runs on aperf's compiled fast path (``aperf.EXTENSIONS``)."""
     # Several maps: each map's (ring_bytes, memory_bytes, lost_counter), for by_map().
     _maps: dict[str, tuple[int, int, Any]] | None = dataclasses.field(
         default=None, repr=False, compare=False)

@@ -3,8 +3,9 @@
 # no BPF. No root, no apt, no mount, no make. The tests are selected with
 #   pytest -m "not kernel and not packaging"
 # where "kernel" is set on every test that takes the kernel fixture (tests/conftest.py)
-# and "packaging" marks the wheel build tests. scripts/test.sh is the full run (root):
-# it runs this script with --all, which deselects nothing.
+# and "packaging" marks the wheel build tests; then the pure path's subset again, with
+# APERF_NO_EXTENSIONS=1 (both paths are tested on every run). scripts/test.sh is the
+# full run (root): it runs this script with --all, which deselects nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 selection=(-m "not kernel and not packaging")
@@ -32,5 +33,20 @@ status=0
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests: that is a failure" >&2
     exit 1
+fi
+# The run above takes aperf's compiled fast path (aperf/_native/_speedups.c, built by the
+# editable install). The pure path, the reference it stands in for, runs again on what it
+# replaces: the record formats, the decoders and builders, the reader, the drivers on
+# every loop and, with --all, the kernel tests of every reading mode.
+if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
+    PURE=(tests/unit/test_perf_format.py tests/unit/test_ringbuf_format.py
+          tests/unit/test_decoders.py tests/unit/test_reader.py tests/unit/test_stream_drivers.py
+          tests/unit/test_fake_source.py tests/unit/test_columnar.py tests/unit/test_properties.py
+          tests/unit/test_gather.py tests/unit/test_multimap.py tests/unit/test_order.py
+          tests/unit/test_speedups.py tests/kernel/test_stream.py tests/kernel/test_lease.py
+          tests/kernel/test_ringbuf.py tests/kernel/test_decode.py)
+    echo "--- again on the pure path (APERF_NO_EXTENSIONS=1) ---"
+    APERF_NO_EXTENSIONS=1 "$PYTHON" -m pytest -q -p no:cacheprovider "${selection[@]}" \
+        "${PURE[@]}" || status=$?
 fi
 exit "$status"

@@ -476,12 +476,14 @@ static PyObject *ringbuf_committed_end(PyObject *self, PyObject *const *args, Py
                                            pos, (unsigned long long)step, prod - pos);
             break;
         }
-        uint64_t count = (prod - pos) / step, same = 1;
+        uint64_t count = (prod - pos) / step, same = 0;
         if (count >= 2) {
+            /* The run of records whose header, read where the first one's position says
+             * (unaligned if that is), is this word; at least the first record. */
             while (same < count && at + same * step + 4 <= len && rd32(b + at + same * step) == word)
                 same++;
         }
-        pos += step * same;
+        pos += step * (same > 1 ? same : 1);
     }
     PyBuffer_Release(&view);
     if (message != NULL) {

@@ -40,7 +40,10 @@ else:
         _speedups.setup(BrokenRingError, ClosedResourceError)
 
 EXTENSIONS: bool = _speedups is not None
-"""Whether the compiled fast path runs in this process."""
+"""Whether aperf's compiled fast path runs in this process: True with the platform wheel
+(CPython 3.11+, Linux), False on the pure-Python path, which does the same with the same
+results, more slowly (the `py3-none-any` wheel, a build without a compiler, or
+``APERF_NO_EXTENSIONS=1`` set before aperf is imported). See [install](../install.md)."""
 
 perf_split: _module.PerfSplit | None = getattr(_speedups, "perf_split", None)
 ringbuf_split: _module.RingbufSplit | None = getattr(_speedups, "ringbuf_split", None)

@@ -36,6 +36,7 @@ from .._events import (
     _Failure,
 )
 from .._log import log
+from .._native.speedups import EXTENSIONS
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from .._rings.seam import Ring, RingSource, Run, Segment, SourceEnded
 from .build import Decoder, EventBuilder, Payloads, RunPiece
@@ -992,6 +993,7 @@ class Reader:
             closed=self.closed,
             drain_period=None if self.closed else self.period(self.clock.now()),
             lost_counter=self.lost_counter,
+            fast_path=EXTENSIONS,
             _maps=self.source.map_facts(self.losses.exact) if isinstance(
                 self.source, MultiSource) else None,
         )

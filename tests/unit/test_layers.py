@@ -87,8 +87,8 @@ NATIVE_USERS = {
     # functions of the formats, the ring memory, the builder, the reader's tick, the
     # stream's iterator, and says which path runs (__init__, aperf-trace -v).
     "_native.speedups": {"_rings.perf.format", "_rings.ringbuf.format", "_native.libbpf.api",
-                         "_reading.build", "_reading.looks", "_drivers.stream", "__init__",
-                         "_tools.trace.cli"},
+                         "_reading.build", "_reading.looks", "_reading.reader",
+                         "_drivers.stream", "__init__", "_tools.trace.cli"},
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).

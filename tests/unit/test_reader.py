@@ -356,3 +356,41 @@ def test_fill_builds_the_front_queue_as_take_builds_batches(policy: str, batch: 
     taken, filled = ring_events("take"), ring_events("fill")
     assert filled == taken
     assert {kind for kind, *_ in taken} >= {"Sample", "Lost"}
+
+
+def test_a_tick_takes_nothing_from_empty_rings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 §4: a tick looks at every ring's head but drains only the rings that hold
+    something, so an idle ring costs a look, not a drain; what it delivers, and when the
+    next tick is due, are as before."""
+    from aperf._rings.perf.fake import _FakeRing
+
+    taken: list[int] = []
+    take = _FakeRing.take
+
+    def counting(ring: _FakeRing) -> bytes:
+        taken.append(ring.key)
+        return take(ring)
+
+    monkeypatch.setattr(_FakeRing, "take", counting)
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=None)
+    reader, src, clock = make(cpus=list(range(64)), wakeup=wakeup, ring_bytes=1 << 17)
+    for _ in range(3):
+        clock.now = reader.deadline
+        assert reader.tick() == 0
+    assert taken == []
+    src.write(5, Q.pack(1))
+    src.write(40, Q.pack(2))
+    clock.now = reader.deadline
+    assert reader.tick() == 2 and sorted(taken) == [5, 40]
+    assert reader.deadline == pytest.approx(clock.now + 0.002)
+    assert seqs(reader.take(10)) == [(5, 1), (40, 2)]
+    # A ring drained by its wakeup between ticks is not due at the next one; its own
+    # drain time sets the deadline, as before.
+    clock.now += 0.0015
+    src.write(7, Q.pack(3))
+    reader.on_ready(fd(src, 7))
+    clock.now = reader.deadline
+    taken.clear()
+    src.write(7, Q.pack(4))
+    assert reader.tick() == 0 and taken == []
+    assert reader.deadline == pytest.approx(clock.now - 0.0005 + 0.002)

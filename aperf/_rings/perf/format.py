@@ -132,6 +132,13 @@ def split_span(
     """
     if run_end is uniform_run_end and _perf_split is not None:
         return _perf_split(cpu, span, Run)  # the same, in C
+    return pure_split_span(cpu, span, run_end)
+
+
+def pure_split_span(
+    cpu: int, span: bytes, run_end: RunEnd = uniform_run_end
+) -> tuple[list[Segment], int]:
+    """``split_span`` in Python: the reference the compiled one is tested against."""
     segments: list[Segment] = []
     single: list[bytes] = []  # samples parsed one at a time, not yet a segment
     try:

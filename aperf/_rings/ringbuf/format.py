@@ -180,6 +180,10 @@ class RingBufferRing:
         """Position after the last committed record in [pos, prod): stops at a BUSY one."""
         if _committed_end is not None:
             return _committed_end(self._words, self._offset, self._mask, pos, prod)  # in C
+        return self.pure_committed_end(pos, prod)
+
+    def pure_committed_end(self, pos: int, prod: int) -> int:
+        """``_committed_end`` in Python: the reference the compiled one is tested against."""
         words, memory, offset, mask = self._words, self._memory, self._offset, self._mask
         while pos < prod:
             at = offset + (pos & mask)
@@ -264,6 +268,11 @@ def split_span(key: int, span: bytes) -> tuple[list[Segment], int]:
     """
     if _ringbuf_split is not None:
         return _ringbuf_split(key, span)  # the same, in C
+    return pure_split_span(key, span)
+
+
+def pure_split_span(key: int, span: bytes) -> tuple[list[Segment], int]:
+    """``split_span`` in Python: the reference the compiled one is tested against."""
     segments: list[Segment] = []
     single: list[bytes] | None = None
     discarded = 0

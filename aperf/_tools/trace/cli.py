@@ -26,6 +26,7 @@ import structlog
 
 import aperf
 
+from ..._native import speedups
 from .. import nats_options as _natsargs
 from .output import LineOutput
 from .preflight import SetupError, ensure_tracefs, missing_privileges
@@ -498,6 +499,8 @@ def main(
     ``fleet``: whether it takes ``--nats`` and ``--host``."""
     args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
     configure_logging(args.verbose)
+    # Which path runs (the compiled fast path, or the pure one and why): for bug reports.
+    structlog.get_logger(PROG).debug("aperf", version=aperf.__version__, path=speedups.status())
 
     def fail(message: str, status: int = 1) -> int:
         warn(f"{name}: {message}")
