@@ -18,6 +18,9 @@
  *              that samples below the threshold do not wait for ever (0: never)
  *   LAT_EVERY  take the latency of every LAT_EVERY-th sample (ktime at byte 8)
  *   LAT_PATH   where to write those latencies (int64 ns, native endian)
+ *   CHANNELS   optional, perf rings with batched wakeups only: open this many rings,
+ *              ring k on CPU k % 2 in map slot k (aperf's cpus= and map_keys=): a host
+ *              of many CPUs simulated on two (issue 31)
  *
  * Protocol: prints "ready" once the rings are open; on SIGUSR1 (the producer
  * has finished) consumes what the rings hold, prints one line
@@ -178,10 +181,13 @@ static void rings_consume(struct rings *r)
 }
 
 static struct perf_buffer *open_rings(int map_fd, size_t pages, const char *wakeup,
-				      struct consumer *c)
+				      int channels, struct consumer *c)
 {
+	LIBBPF_OPTS(perf_buffer_raw_opts, opts);
 	struct perf_event_attr attr;
+	struct perf_buffer *pb;
 	unsigned long value;
+	int *cpus = NULL, *keys = NULL;
 
 	if (strcmp(wakeup, "default") == 0)
 		return perf_buffer__new(map_fd, pages, on_sample, on_lost, c, NULL);
@@ -202,7 +208,27 @@ static struct perf_buffer *open_rings(int map_fd, size_t pages, const char *wake
 		errno = EINVAL;
 		return NULL;
 	}
-	return perf_buffer__new_raw(map_fd, pages, &attr, on_raw_event, c, NULL);
+	if (channels > 0) {
+		cpus = calloc(channels, sizeof(*cpus));
+		keys = calloc(channels, sizeof(*keys));
+		if (!cpus || !keys) {
+			free(cpus);
+			free(keys);
+			errno = ENOMEM;
+			return NULL;
+		}
+		for (int k = 0; k < channels; k++) {
+			cpus[k] = k % 2;
+			keys[k] = k;
+		}
+		opts.cpu_cnt = channels;
+		opts.cpus = cpus;
+		opts.map_keys = keys;
+	}
+	pb = perf_buffer__new_raw(map_fd, pages, &attr, on_raw_event, c, &opts);
+	free(cpus);
+	free(keys);
+	return pb;
 }
 
 int main(int argc, char **argv)
@@ -215,8 +241,9 @@ int main(int argc, char **argv)
 	FILE *out;
 	int map_fd, err = 0;
 
-	if (argc != 7) {
-		fprintf(stderr, "usage: %s MAP_PATH PAGES WAKEUP DRAIN_MS LAT_EVERY LAT_PATH\n",
+	if (argc != 7 && argc != 8) {
+		fprintf(stderr,
+			"usage: %s MAP_PATH PAGES WAKEUP DRAIN_MS LAT_EVERY LAT_PATH [CHANNELS]\n",
 			argv[0]);
 		return 2;
 	}
@@ -238,7 +265,8 @@ int main(int argc, char **argv)
 	if (strcmp(argv[3], "ringbuf") == 0)
 		rings.rb = ring_buffer__new(map_fd, on_ringbuf_sample, &c, NULL);
 	else
-		rings.pb = open_rings(map_fd, strtoul(argv[2], NULL, 10), argv[3], &c);
+		rings.pb = open_rings(map_fd, strtoul(argv[2], NULL, 10), argv[3],
+				      argc == 8 ? atoi(argv[7]) : 0, &c);
 	if (!rings.pb && !rings.rb) {
 		fprintf(stderr, "peer_libbpf: %s: %s\n",
 			strcmp(argv[3], "ringbuf") ? "perf_buffer__new" : "ring_buffer__new",

@@ -52,7 +52,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     )
     if ok is not None:
         out["missing"] = ok - samples  # in a ring, never delivered: must be 0
-    for key in ("wakeups", "ring_bytes", "memory_bytes", "drain_period"):
+    for key in ("wakeups", "ring_bytes", "memory_bytes", "drain_period", "fast_path"):
         if key in raw:
             out[key] = raw[key]
     lat = sorted(raw["lat"])
@@ -130,6 +130,10 @@ def one_line(e: dict[str, Any]) -> str:
         parts.append(figures(e, latency=True))
     if "workload_rate" in e:
         parts.append(f"workload {rate(e['workload_rate'])} calls/s")
+    if e.get("cpu_pct") is not None:
+        parts.append(f"CPU {num(e['cpu_pct'])}%")
+    if "fast_path" in e:
+        parts.append("fast path" if e["fast_path"] else "pure")
     if e.get("missing"):
         parts.append(f"MISSING {e['missing']}")
     if "rss_growth_mb" in e:

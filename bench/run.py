@@ -72,8 +72,9 @@ def percpu_sums(m: aperf.Map, fields: int) -> list[int]:
 class Environment:
     """Tools built and checked once per run; what could not be set up, and why."""
 
-    def __init__(self, workdir: Path, want_bcc: bool) -> None:
+    def __init__(self, workdir: Path, want_bcc: bool, no_extensions: bool = False) -> None:
         self.workdir = workdir
+        self.no_extensions = no_extensions  # --no-extensions: every aperf consumer pure
         self.notes: list[str] = []
         self.bcc_reason: str | None = None
         self._check_kernel_fs()
@@ -198,10 +199,14 @@ class Consumer:
                         lat_path=str(self.lat_path), btf_object=str(GETPID_OBJECT),
                         size=sc.producer.get("size", 32))
             self.cmd = [sys.executable, str(BENCH / "worker.py"), json.dumps(spec)]
+            if c.get("pure") or env.no_extensions:  # issue 31: the pure-Python path
+                self.cmd = ["env", "APERF_NO_EXTENSIONS=1", *self.cmd]
         elif c["impl"] == "libbpf":
             self.cmd = ["taskset", "-c", str(CONSUMER_CPU), env.peer_libbpf, map_path,
                         str(c["pages"]), c["wakeup"], str(c["drain_ms"]), str(lat_every),
                         str(self.lat_path)]
+            if c.get("channels"):
+                self.cmd.append(str(c["channels"]))
         elif c["impl"] == "bcc":
             spec = dict(c, tgid=tgid, cpu=CONSUMER_CPU, lat_every=lat_every,
                         lat_path=str(self.lat_path))
@@ -257,10 +262,11 @@ def produce(p: Any, spec: dict[str, Any]) -> tuple[int, int]:
         tick = 0
         # "cpus": "both": every period's samples alternate between the two CPUs' rings.
         cpus = (PRODUCER_CPU, CONSUMER_CPU) if spec.get("cpus") == "both" else (PRODUCER_CPU,)
+        slot = spec.get("map_key")  # a channel of its own (the ring in that slot is on cpus[0])
         while sent < total:
             due = min(total, int((time.monotonic() - start) * rate) + 1)
             if due > sent:
-                p.emit(due - sent, size=size, cpu=cpus[tick % len(cpus)])
+                p.emit(due - sent, size=size, cpu=cpus[tick % len(cpus)], map_key=slot)
                 sent = due
             tick += 1
             pause = start + tick * period - time.monotonic()
@@ -351,7 +357,8 @@ class SpacedProducer:
 def run_deterministic(env: Environment, sc: Scenario, tmp: Path) -> dict[str, Any]:
     ring = sc.producer.get("ring", "perf")
     maker: Any = (SpacedProducer if sc.producer["kind"] == "spaced" else
-                  lambda: Producer(ring=ring, ringbuf_bytes=sc.producer.get("ringbuf_bytes")))
+                  lambda: Producer(ring=ring, ringbuf_bytes=sc.producer.get("ringbuf_bytes"),
+                                   perf_slots=sc.producer.get("channels")))
     with maker() as p, pinned(p.map) as map_path:
         consumer = Consumer(env, sc, map_path, tmp)
         with consumer.running():
@@ -490,6 +497,9 @@ def main() -> int:
                              "and report each figure's median (with the CPU spread)")
     parser.add_argument("--list", action="store_true", help="list scenario names and exit")
     parser.add_argument("--no-bcc", action="store_true", help="skip the BCC peer")
+    parser.add_argument("--no-extensions", action="store_true",
+                        help="run every aperf consumer on the pure-Python path "
+                             "(APERF_NO_EXTENSIONS=1; scenarios named .pure always are)")
     parser.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument("--results", default=str(BENCH / "results.json"),
                         help="raw results file (default: bench/results.json)")
@@ -512,7 +522,7 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="aperf-bench-"))
     try:
-        env = Environment(workdir, want_bcc=not args.no_bcc)
+        env = Environment(workdir, want_bcc=not args.no_bcc, no_extensions=args.no_extensions)
         run_id = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         machine = machine_facts(env)
         print(f"aperf benchmark {'(quick) ' if args.quick else ''}{run_id}")

@@ -36,6 +36,8 @@ class Scenario:
                 key += f".{c['wakeup']}"
             if c.get("order_by"):
                 key += ".ordered"
+            if c.get("pure"):
+                key += ".pure"  # APERF_NO_EXTENSIONS=1: the pure-Python path
             if c["mode"].startswith("sync"):
                 return key
             return key + f"@{c.get('loop', 'asyncio')}"
@@ -89,13 +91,17 @@ def consumer_label(c: dict[str, Any]) -> str:
             text += f", {c.get('loop', 'asyncio')}"
         wakeup = c.get("wakeup") or "default"
         text += f", wakeup {WAKEUP_LABELS.get(wakeup, wakeup)}"
-        return text + (f", ordered by {c['order_by']}" if c.get("order_by") else "")
+        if c.get("channels"):
+            text += f", {c['channels']} rings ({c['pages']} pages each)"
+        text += f", ordered by {c['order_by']}" if c.get("order_by") else ""
+        return text + (", pure Python path (APERF_NO_EXTENSIONS=1)" if c.get("pure") else "")
     if impl == "libbpf":
         if c["wakeup"] == "ringbuf":
             return "libbpf C ring_buffer__poll on the BPF ring buffer (producer's wakeups)"
         if c["wakeup"] == "default":
             return "libbpf C perf_buffer__poll, wakeup per sample"
-        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {c['drain_ms']} ms drain"
+        rings = f", {c['channels']} rings" if c.get("channels") else ""
+        return f"libbpf C perf_buffer__poll, {c['wakeup']} + {c['drain_ms']} ms drain{rings}"
     if impl == "bcc":
         if c["mode"] == "attach-only":
             return "BCC program, no consumer (baseline)"
@@ -111,13 +117,20 @@ def consumer_label(c: dict[str, Any]) -> str:
 
 def aperf(mode: str, decoder: str | None = None, loop: str = "asyncio",
           wakeup: str | None = None, max_items: int | None = None,
-          order_by: str | None = None) -> dict[str, Any]:
+          order_by: str | None = None, pure: bool = False) -> dict[str, Any]:
     c = {"impl": "aperf", "mode": mode, "decoder": decoder, "loop": loop, "wakeup": wakeup}
     if max_items:
         c["max_items"] = max_items  # batches(): aperf's default when absent
     if order_by:
         c["order_by"] = order_by  # an ordered stream (docs/ordering.md)
+    if pure:
+        c["pure"] = True  # issue 31: the consumer runs with APERF_NO_EXTENSIONS=1
     return c
+
+
+def pure(c: dict[str, Any]) -> dict[str, Any]:
+    """The same aperf consumer on the pure-Python path."""
+    return dict(c, pure=True)
 
 
 # Issue 21: ordered streams (order_by="ts") next to the same consumers unordered.
@@ -164,6 +177,22 @@ LEASES = [aperf("lease", "btf"), aperf("lease", "btf", loop="uvloop"),
           aperf("sync_lease", "btf"), aperf("lease", "btf", wakeup="throughput")]
 
 
+# Issue 31: the consumers its targets name, each also on the pure path, in the same run.
+NATIVE_TARGETS = [aperf("lease", "btf"), aperf("lease", "btf", loop="uvloop"),
+                  aperf("arrays", "btf"), aperf("arrays", "btf", loop="uvloop")]
+# Issue 31 §4: a many-CPU host simulated with map_keys= channels (ring k on CPU k % 2,
+# in slot k), small rings, the 1 ms drain timer kept (strict): idle, and one ring busy.
+RING_COUNTS = (2, 16, 64, 128, 256)
+CHANNEL_PAGES = 8
+
+
+def channel_consumers(n: int) -> list[dict[str, Any]]:
+    mine = [aperf("aiter", wakeup="strict"), aperf("aiter", wakeup="strict", loop="uvloop"),
+            aperf("aiter", wakeup="strict", pure=True)]
+    peer = dict(LIBBPF_MATCHED, wakeup=f"watermark:{CHANNEL_PAGES * 4096 // 4}")
+    return [dict(c, channels=n, pages=CHANNEL_PAGES) for c in [*mine, peer]]
+
+
 def per_sample(c: dict[str, Any]) -> bool:
     """Does this consumer ask for a wakeup per sample?"""
     return c.get("wakeup") in ("lowest-latency", "default", 1)
@@ -199,10 +228,11 @@ def all_scenarios(quick: bool) -> list[Scenario]:
             LIBBPF_PER_SAMPLE,
         ]
         consumers += COLUMNAR + CTYPES_DECODED + ORDERED + LEASES
+        consumers += [pure(c) for c in NATIVE_TARGETS] + [pure(aperf("aiter", "btf"))]
         if quick and size == 256:
             consumers = [aperf("aiter"), aperf("aiter", "btf"), aperf("batches", "btf"),
                          aperf("callback"), aperf("sync"), LIBBPF_MATCHED, *COLUMNAR[:2],
-                         *LEASES]
+                         *LEASES, *(pure(c) for c in NATIVE_TARGETS)]
         if size == 256:
             consumers = [c for c in consumers if c.get("loop") != "trio"]
         # A wakeup per sample holds the producer near 110 k/s: fewer samples for those.
@@ -243,7 +273,12 @@ def all_scenarios(quick: bool) -> list[Scenario]:
                          aperf("aiter", wakeup="lowest-latency"), LIBBPF_PER_SAMPLE,
                          LIBBPF_MATCHED]
         if group == "paced1k":
-            consumers += [aperf("aiter", "btf", order_by="ts")]
+            consumers += [aperf("aiter", "btf", order_by="ts"),
+                          pure(aperf("aiter", wakeup="lowest-latency"))]
+            uvloop_low = aperf("aiter", wakeup="lowest-latency", loop="uvloop")
+            consumers += [] if uvloop_low in consumers else [uvloop_low]
+        else:
+            consumers += [pure(aperf("aiter")), pure(aperf("aiter", loop="uvloop"))]
         out += [Scenario(group, c, producer, extra={"lat_every": 1}) for c in consumers]
 
     # 3a. Issue 21: 1 k/s alternating between both CPUs' rings, every ring busy: the
@@ -315,6 +350,7 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         *CTYPES_DECODED,
         aperf("arrays", "ctypes"),
         *LEASES,
+        *(pure(c) for c in [*NATIVE_TARGETS, aperf("aiter", "btf"), aperf("batches", "btf")]),
     ]
     if quick:
         py_consumers = [c for c in py_consumers if c not in (bcc("count", 1),)]
@@ -339,7 +375,17 @@ def all_scenarios(quick: bool) -> list[Scenario]:
         consumers = [aperf("aiter"), aperf("aiter", loop="trio"),
                      aperf("aiter", wakeup="lowest-latency"),
                      aperf("aiter", wakeup="strict"), LIBBPF_MATCHED]
+    consumers += [pure(aperf("aiter")), pure(aperf("aiter", wakeup="strict"))]
     out += [Scenario("idle", c, producer) for c in consumers]
+
+    # 5a. Issue 31 §4: what an open stream costs as its rings grow in number, idle with the
+    # 1 ms timer running, and with one ring busy at 100 k/s, against libbpf C's.
+    for n in RING_COUNTS:
+        idle = {"kind": "idle", "seconds": 2.0 if quick else 5.0, "channels": n}
+        busy = {"kind": "paced", "rate": 100_000, "seconds": 1.0 if quick else 3.0,
+                "size": 32, "period": 0.001, "channels": n, "map_key": 1}
+        out += [Scenario(f"rings{n}-idle", c, idle) for c in channel_consumers(n)]
+        out += [Scenario(f"rings{n}-busy100k", c, busy) for c in channel_consumers(n)]
 
     # 6. Memory: a consumer slower than the producer for a long time; RSS must stay flat.
     out.append(Scenario(

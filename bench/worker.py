@@ -17,6 +17,7 @@ SPEC_JSON fields:
              "ctypes" (a ctypes.Structure mirror of the same struct)
   size       sample size in bytes (32 or 256): picks the decoded type
   max_items  batches(max_items=...), absent for aperf's default
+  channels   open this many rings, ring k on CPU k % 2 in map slot k (cpus=, map_keys=)
   wakeup     null (aperf's default), a preset name, "every:N", or "strict" (the
              default's timer without its idle stretch: Wakeup.balanced(idle_latency=0.001))
   pages      pages per CPU ring, null for aperf's default
@@ -208,6 +209,9 @@ def ring_options(spec: dict[str, Any]) -> dict[str, Any]:
                "wakeup": make_wakeup(spec.get("wakeup"))}
     if spec.get("order_by"):
         options["order_by"] = spec["order_by"]
+    if spec.get("channels"):
+        options["cpus"] = [k % 2 for k in range(spec["channels"])]
+        options["map_keys"] = list(range(spec["channels"]))
     return options
 
 
@@ -301,7 +305,7 @@ def main() -> None:
         stats = anyio.run(run_async, spec, t, rss, backend=backend, backend_options=options)
     t.report(spec["lat_path"], wakeups=stats.wakeups, ring_bytes=stats.ring_bytes,
              memory_bytes=stats.memory_bytes, drain_period=stats.drain_period,
-             rss_series=rss)
+             rss_series=rss, fast_path=stats.fast_path)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import machinery
 from pathlib import Path
 
 from setuptools.command.bdist_wheel import bdist_wheel
@@ -90,6 +91,7 @@ class BuildPy(build_py):
 
 
 LIMITED_API = "cp311"  # _speedups.c's Py_LIMITED_API: the buffer protocol is 3.11's
+EXTENSION_SUFFIXES = tuple(machinery.EXTENSION_SUFFIXES)  # what a compiled module ends with
 
 
 def extensions_off() -> bool:
@@ -116,17 +118,21 @@ class BdistWheel(bdist_wheel):
     def finalize_options(self) -> None:
         super().finalize_options()
         if extensions_off():
-            self.root_is_pure = True
+            self._pure()
         elif not self.root_is_pure and not self.py_limited_api:
             self.py_limited_api = LIMITED_API
+
+    def _pure(self) -> None:
+        """A wheel of Python and BPF bytecode: installed as purelib, tagged py3-none-any."""
+        self.distribution.ext_modules = []  # install then lays it out as purelib too
+        self.root_is_pure = True
+        self.py_limited_api = False
 
     def run(self) -> None:
         if not self.root_is_pure and not self.skip_build:
             self.run_command("build")  # bdist_wheel's own run of it is then a no-op
-            build_lib = Path(self.get_finalized_command("build").build_lib)
-            if not list((build_lib / "aperf" / "_native").glob("_speedups*")):
+            native = Path(self.get_finalized_command("build").build_lib) / "aperf" / "_native"
+            if not [p for p in native.glob("_speedups*") if p.name.endswith(EXTENSION_SUFFIXES)]:
                 print("aperf: the fast path was not compiled: building the pure package")
-                self.root_is_pure = True
-        if self.root_is_pure:
-            self.py_limited_api = False
+                self._pure()
         super().run()

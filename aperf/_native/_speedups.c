@@ -743,6 +743,13 @@ static PyObject *watch_busy(RingWatch *self, PyObject *rings)
         i++;
     }
     watch_clear_from(self, i);
+    /* Each ring's control page is a page of its own: after the loop slept, reading it
+     * costs a TLB and a cache miss. Ask for them all first, so that the misses overlap. */
+    for (i = 0; i < self->n; i++) {
+        RingCell *c = (RingCell *)self->entries[i].cell;
+        if (c != NULL && Py_TYPE(OBJ(c)) == RingCellType && c->mapped)
+            __builtin_prefetch(c->head);
+    }
     for (i = 0; i < self->n; i++) {
         WatchEntry *e = &self->entries[i];
         if (e->cell == NULL) {
