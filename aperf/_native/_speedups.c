@@ -151,24 +151,32 @@ static PyObject *int_of(long long v) { return PyLong_FromLongLong(v); }
 
 /* uniform_run_end: the end of the run of identical sample records at ``pos``; ``pos`` if
  * fewer than two are in line before the first slot whose type byte says LOST, -1 if
- * their 12 header and raw-size bytes differ. */
+ * their 12 header and raw-size bytes differ.
+ *
+ * One pass: record k equal to record 0 goes on (its type byte is 9, not LOST); the first
+ * one that differs ends the run where it stands if its type byte says LOST (no slot
+ * before it did), and fails the run otherwise (the pure code would compare it, within
+ * the records before the first LOST slot, and find it different). */
 static Py_ssize_t perf_run_end(const uint8_t *b, Py_ssize_t pos, Py_ssize_t size, Py_ssize_t end)
 {
-    Py_ssize_t left = end - pos, count = left / size, k;
-    Py_ssize_t slots = (left + size - 1) / size;
-    for (k = 0; k < slots; k++) {
-        if (b[pos + k * size] == PERF_RECORD_LOST) {
-            count = k;
-            break;
-        }
+    Py_ssize_t n = (end - pos) / size, k;
+    uint64_t head;
+    uint32_t raw;
+    memcpy(&head, b + pos, 8);
+    memcpy(&raw, b + pos + 8, 4);
+    for (k = 1; k < n; k++) {
+        const uint8_t *r = b + pos + k * size;
+        uint64_t h;
+        uint32_t w;
+        memcpy(&h, r, 8);
+        memcpy(&w, r + 8, 4);
+        if (h == head && w == raw)
+            continue;
+        if (r[0] == PERF_RECORD_LOST)
+            return k >= 2 ? pos + k * size : pos;
+        return -1;
     }
-    if (count < 2)
-        return pos;
-    for (k = 1; k < count; k++) {
-        if (memcmp(b + pos + k * size, b + pos, 12) != 0)
-            return -1;
-    }
-    return pos + count * size;
+    return n >= 2 ? pos + n * size : pos;
 }
 
 /* Segments are appended to ``segments``; a run of single payloads waits in *single. */

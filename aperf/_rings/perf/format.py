@@ -154,6 +154,8 @@ def pure_split_span(
 
 
 _perf_split = speedups.perf_split
+FAST_SPLIT = _perf_split is not None
+"""Whether ``split_span`` scans in C (the columnar reader then takes it over NumPy's)."""
 
 
 def _split(
