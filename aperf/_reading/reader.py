@@ -600,7 +600,11 @@ class Reader:
             return 0
         threshold = self.ring_bytes >> 2
         added = 0
-        for key, ring in list(self.rings.items()):
+        rings = self.rings
+        for key in self._busy_rings(rings):  # the empty ones cost one C call for all
+            ring = rings.get(key)
+            if ring is None:
+                continue
             if self._sizes is not None:
                 threshold = self.ring_size(key) >> 2
             if ring.pending_bytes() >= threshold:
