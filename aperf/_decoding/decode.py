@@ -20,7 +20,9 @@ import functools
 import itertools
 import keyword
 import operator
+import re
 import struct
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -278,6 +280,16 @@ class SizedDecoder:
             raise TypeError(f"{self.name} has a tail: decode its payloads")
         return list(map(self.build, rows))
 
+    @functools.cached_property
+    def fields_plan(self) -> tuple[str, tuple[tuple[int, str], ...]] | None:
+        """The fields' plan for the compiled fast path: the byte order (``<`` or ``>``) and
+        each field's (offset, ``struct`` code), where every value is a number ``struct``
+        unpacks at a standard size (integers, ``?``, ``d``); else None (bytes, strings,
+        ``f``, a tail: the ``struct`` module unpacks those)."""
+        if self.tail is not None:
+            return None
+        return _fields_plan(self.struct.format)
+
     @property
     def row_class(self) -> Callable[[tuple[Any, ...]], Any] | None:
         """The record class each unpacked row becomes (``row_class(row)``), where that is
@@ -304,6 +316,35 @@ class SizedDecoder:
     def __repr__(self) -> str:
         tail = f", then {self.tail}[]" if self.tail else ""
         return f"<aperf decoder {self.name} ({self.size} bytes{tail})>"
+
+
+# What the compiled fast path reads itself (a float's conversion is left to struct).
+_STANDARD_SIZES = {"b": 1, "B": 1, "?": 1, "h": 2, "H": 2, "i": 4, "I": 4, "l": 4, "L": 4,
+                   "q": 8, "Q": 8, "d": 8}
+_FORMAT_ITEM = re.compile(r"(\d*)([a-zA-Z?])")
+
+
+def _fields_plan(fmt: str) -> tuple[str, tuple[tuple[int, str], ...]] | None:
+    """``SizedDecoder.fields_plan`` of a ``struct`` format."""
+    order, rest = (fmt[0], fmt[1:]) if fmt[:1] in "<>!=@" else ("@", fmt)
+    if order == "@":
+        return None  # native sizes and alignment: left to struct
+    if order in "!=":
+        order = ">" if order == "!" or sys.byteorder == "big" else "<"
+    fields: list[tuple[int, str]] = []
+    at = 0
+    for count_text, code in _FORMAT_ITEM.findall(rest.replace(" ", "")):
+        count = int(count_text) if count_text else 1
+        if code == "x":
+            at += count
+            continue
+        size = _STANDARD_SIZES.get(code)
+        if size is None:
+            return None
+        for _ in range(count):
+            fields.append((at, code))
+            at += size
+    return order, tuple(fields)
 
 
 # --- compiling a layout ------------------------------------------------------------------

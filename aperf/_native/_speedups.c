@@ -892,8 +892,127 @@ PyDoc_STRVAR(build_run_doc,
 "Append ``count`` events ``sample(cpu, payload, value)`` to ``out``: the payloads are the\n"
 "``size`` bytes ``skip`` bytes into each of the records of ``stride`` bytes from byte\n"
 "``at`` of ``span``; the values come from iterator ``values`` (None: every value None),\n"
-"each made ``record(row)`` unless ``record`` is None. What EventBuilder.run's zip of\n"
+"each made ``record(row)`` unless ``record`` is None. ``values`` may also be a plan\n"
+"``(order, ((offset, code), ...))`` (SizedDecoder.fields_plan): each value is then the\n"
+"row ``struct`` would unpack from the payload, read here. What EventBuilder.run's zip of\n"
 "Run.each_payload and the decoder's rows builds, without the zip.");
+
+/* A field of a plan: its offset in the payload, its struct code and size. */
+typedef struct {
+    Py_ssize_t offset;
+    char code;
+    int size;
+} Field;
+
+static int standard_size(char code)
+{
+    switch (code) {
+    case 'b': case 'B': case '?': return 1;
+    case 'h': case 'H': return 2;
+    case 'i': case 'I': case 'l': case 'L': return 4;
+    case 'q': case 'Q': case 'd': return 8;
+    default: return 0;
+    }
+}
+
+/* The plan ``(order, ((offset, code), ...))`` as Fields (PyMem_Free them), each checked to
+ * lie within ``size`` bytes; NULL with an error set. */
+static Field *read_plan(PyObject *plan, Py_ssize_t size, Py_ssize_t *n, int *big)
+{
+    PyObject *order = PyTuple_Check(plan) && PyTuple_Size(plan) == 2 ? PyTuple_GetItem(plan, 0) : NULL;
+    PyObject *fields = order ? PyTuple_GetItem(plan, 1) : NULL;
+    const char *o = order && PyUnicode_Check(order) ? PyUnicode_AsUTF8AndSize(order, NULL) : NULL;
+    if (o == NULL || (strcmp(o, "<") && strcmp(o, ">")) || !PyTuple_Check(fields)) {
+        PyErr_SetString(PyExc_TypeError, "build_run: a plan is (order, ((offset, code), ...))");
+        return NULL;
+    }
+    *big = o[0] == '>';
+    *n = PyTuple_Size(fields);
+    Field *out = PyMem_Malloc(sizeof(Field) * (size_t)(*n > 0 ? *n : 1));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        PyObject *pair = PyTuple_GetItem(fields, i);
+        PyObject *code = PyTuple_Check(pair) && PyTuple_Size(pair) == 2 ? PyTuple_GetItem(pair, 1) : NULL;
+        const char *c = code && PyUnicode_Check(code) ? PyUnicode_AsUTF8AndSize(code, NULL) : NULL;
+        out[i].offset = c ? PyLong_AsSsize_t(PyTuple_GetItem(pair, 0)) : -1;
+        out[i].code = c ? c[0] : 0;
+        out[i].size = c && c[1] == 0 ? standard_size(c[0]) : 0;
+        if (PyErr_Occurred() || out[i].size == 0 || out[i].offset < 0 ||
+            out[i].offset > size - out[i].size) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "build_run: a plan's field is unknown or lies "
+                                                  "past the payload");
+            PyMem_Free(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* The value struct unpacks for one field, at standard size and the given byte order. */
+static PyObject *field_value(const uint8_t *p, const Field *f, int big)
+{
+    uint64_t bits = 0; /* the field's bytes as a number, in its byte order */
+    for (int i = 0; i < f->size; i++)
+        bits = (bits << 8) | p[big ? i : f->size - 1 - i];
+    switch (f->code) {
+    case 'b': return PyLong_FromLong((int8_t)bits);
+    case 'B': case 'H': case 'I': case 'L': return PyLong_FromUnsignedLongLong(bits);
+    case '?': return PyBool_FromLong(p[0] != 0);
+    case 'h': return PyLong_FromLong((int16_t)bits);
+    case 'i': case 'l': return PyLong_FromLong((int32_t)bits);
+    case 'q': return PyLong_FromLongLong((int64_t)bits);
+    case 'Q': return PyLong_FromUnsignedLongLong(bits);
+    case 'd': {
+        double v;
+        memcpy(&v, &bits, 8);
+        return PyFloat_FromDouble(v);
+    }
+    default:
+        PyErr_SetString(PyExc_SystemError, "build_run: a field code slipped through");
+        return NULL;
+    }
+}
+
+/* The row of a payload by a plan: a record (``record``, plain or called) or a tuple. */
+static PyObject *row_by_plan(const uint8_t *p, const Field *fields, Py_ssize_t n, int big,
+                             PyObject *record, int plain)
+{
+    PyObject *stack[64];
+    PyObject **items = n <= 64 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)n);
+    if (items == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((items[i] = field_value(p + fields[i].offset, &fields[i], big)) == NULL) {
+            while (i-- > 0)
+                Py_DECREF(items[i]);
+            if (items != stack)
+                PyMem_Free(items);
+            return NULL;
+        }
+    }
+    PyObject *row;
+    if (record != Py_None && plain) {
+        row = new_tuple_of(record, items, n);
+    }
+    else {
+        row = PyTuple_New(n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (row == NULL)
+                Py_DECREF(items[i]);
+            else
+                PyTuple_SetItem(row, i, items[i]);
+        }
+        if (row != NULL && record != Py_None)
+            row = make_record(record, 0, row);
+    }
+    if (items != stack)
+        PyMem_Free(items);
+    return row;
+}
 
 static PyObject *build_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -913,8 +1032,15 @@ static PyObject *build_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "build_run: a negative offset or a payload past its record");
         return NULL;
     }
-    if (values != Py_None && !PyIter_Check(values)) {
-        PyErr_SetString(PyExc_TypeError, "build_run: values must be an iterator or None");
+    Field *plan = NULL;
+    Py_ssize_t nfields = 0;
+    int big = 0;
+    if (PyTuple_Check(values)) {
+        if ((plan = read_plan(values, size, &nfields, &big)) == NULL)
+            return NULL;
+    }
+    else if (values != Py_None && !PyIter_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "build_run: values must be an iterator, a plan or None");
         return NULL;
     }
     int plain = 0;
@@ -926,16 +1052,20 @@ static PyObject *build_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
         plain = is_plain_tuple_class(record);
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(span, &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(span, &view, PyBUF_SIMPLE) < 0) {
+        PyMem_Free(plan);
         return NULL;
+    }
     if (count > 0 && (at > view.len || (view.len - at) / stride < count)) {
         PyBuffer_Release(&view);
+        PyMem_Free(plan);
         PyErr_SetString(PyExc_ValueError, "build_run: the records lie past the end of the span");
         return NULL;
     }
     PyObject *append = appender(out);
     if (append == NULL) {
         PyBuffer_Release(&view);
+        PyMem_Free(plan);
         return NULL;
     }
     if (append == Py_None)
@@ -948,6 +1078,13 @@ static PyObject *build_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyObject *value;
         if (values == Py_None) {
             value = Py_NewRef(Py_None);
+        }
+        else if (plan != NULL) {
+            value = row_by_plan((const uint8_t *)b + i * stride, plan, nfields, big, record, plain);
+            if (value == NULL) {
+                Py_DECREF(payload);
+                goto fail;
+            }
         }
         else {
             value = PyIter_Next(values);
@@ -967,10 +1104,12 @@ static PyObject *build_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
             goto fail;
     }
     PyBuffer_Release(&view);
+    PyMem_Free(plan);
     Py_XDECREF(append);
     Py_RETURN_NONE;
 fail:
     PyBuffer_Release(&view);
+    PyMem_Free(plan);
     Py_XDECREF(append);
     return NULL;
 }

@@ -19,8 +19,8 @@ class CommittedEnd(Protocol):
 class BuildRun(Protocol):
     def __call__(
         self, sample: type, cpu: int, span: Any, at: int, count: int, stride: int, skip: int,
-        size: int, values: Iterator[Any] | None, record: Callable[[Any], Any] | None,
-        out: Any, /,
+        size: int, values: Iterator[Any] | tuple[str, tuple[tuple[int, str], ...]] | None,
+        record: Callable[[Any], Any] | None, out: Any, /,
     ) -> None: ...
 
 class BuildPayloads(Protocol):
@@ -34,7 +34,8 @@ def ringbuf_split(key: int, span: Any, /) -> tuple[list[Any], int]: ...
 def ringbuf_committed_end(words: Any, offset: int, mask: int, pos: int, prod: int, /) -> int: ...
 def build_run(
     sample: type, cpu: int, span: Any, at: int, count: int, stride: int, skip: int, size: int,
-    values: Iterator[Any] | None, record: Callable[[Any], Any] | None, out: Any, /,
+    values: Iterator[Any] | tuple[str, tuple[tuple[int, str], ...]] | None,
+    record: Callable[[Any], Any] | None, out: Any, /,
 ) -> None: ...
 def build_payloads(
     sample: type, cpu: int, payloads: list[bytes], values: list[Any] | None, out: Any, /,

@@ -123,12 +123,19 @@ class EventBuilder:
                 at = run.start + start * run.stride
                 view = memoryview(run.span)[at : at + (stop - start) * run.stride]
                 if _build_run is not None:
-                    # The rows straight into records and events, in C.
-                    unpacked = fields.iter_unpack(view)
+                    # The rows straight into records and events, in C: read from the span
+                    # by the decoder's plan where it has one, else unpacked by struct.
                     record = decoder.row_class
+                    plan = decoder.fields_plan
+                    source: Any
+                    if plan is not None and (record is not None or decoder.build is None):
+                        source = plan
+                    else:
+                        unpacked = fields.iter_unpack(view)
+                        source = unpacked if record is not None else iter(
+                            decoder.each_row(unpacked))
                     _build_run(self.sample, key - self.offset, run.span, at, stop - start,
-                               run.stride, run.skip, run.size, unpacked if record is not None
-                               else iter(decoder.each_row(unpacked)), record, out)
+                               run.stride, run.skip, run.size, source, record, out)
                     return
                 # Payloads and values one at a time into the zip: no lists in between.
                 payloads = run.each_payload(start, stop)
