@@ -680,6 +680,7 @@ typedef struct {
     WatchEntry *entries;
     char *busy;
     Py_ssize_t n, cap;
+    int walking; /* a busy() runs: a ring's pending_bytes() calling busy() again is refused */
 } RingWatch;
 
 static void watch_clear_from(RingWatch *self, Py_ssize_t first)
@@ -712,12 +713,26 @@ PyDoc_STRVAR(watch_busy_doc,
 "over the heads of the rings that have a ``_cell`` (a RingCell standing for their\n"
 "pending_bytes()), remembered from one call to the next.");
 
+static PyObject *watch_walk(RingWatch *self, PyObject *rings);
+
 static PyObject *watch_busy(RingWatch *self, PyObject *rings)
 {
     if (!PyDict_CheckExact(rings)) {
         PyErr_SetString(PyExc_TypeError, "busy() takes the dict of rings");
         return NULL;
     }
+    if (self->walking) {
+        PyErr_SetString(PyExc_RuntimeError, "RingWatch.busy() called from a ring it asks");
+        return NULL;
+    }
+    self->walking = 1;
+    PyObject *out = watch_walk(self, rings);
+    self->walking = 0;
+    return out;
+}
+
+static PyObject *watch_walk(RingWatch *self, PyObject *rings)
+{
     Py_ssize_t size = PyDict_Size(rings), it = 0, i = 0;
     if (size > self->cap) {
         Py_ssize_t cap = size * 2;
@@ -794,6 +809,10 @@ static PyObject *watch_busy(RingWatch *self, PyObject *rings)
 
 static PyObject *watch_forget(RingWatch *self, PyObject *unused)
 {
+    if (self->walking) {
+        PyErr_SetString(PyExc_RuntimeError, "RingWatch.forget() called from a ring it asks");
+        return NULL;
+    }
     watch_clear_from(self, 0);
     Py_RETURN_NONE;
 }
