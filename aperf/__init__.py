@@ -20,6 +20,7 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 
 from . import abc as abc
 from . import decoders as decoders
+from ._bpf.header import include_dir as include_dir
 from ._bpf.object import BPFObject as BPFObject
 from ._bpf.object import Link as Link
 from ._bpf.object import Map as Map
@@ -63,6 +64,7 @@ from ._native.libbpf import libbpf_version as libbpf_version
 from ._native.libbpf import set_libbpf_verbose as set_libbpf_verbose
 from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
+from ._rings.ringbuf.array import RingBufferArraySource as RingBufferArraySource
 from ._rings.ringbuf.format import NO_CPU as NO_CPU
 from ._rings.ringbuf.source import RingBufferSource as RingBufferSource
 
@@ -96,6 +98,7 @@ __all__ = [
     "PerfStream",
     "PinnedPathError",
     "Program",
+    "RingBufferArraySource",
     "RingBufferSource",
     "RingFullError",
     "RingSizeError",
@@ -113,6 +116,7 @@ __all__ = [
     "abc",
     "closing_on_signals",
     "decoders",
+    "include_dir",
     "libbpf_version",
     "set_libbpf_verbose",
 ]

@@ -1,4 +1,5 @@
-"""``python -m aperf COMMAND ...``: aperf's tools. One so far: ``trace`` (also ``aperf-trace``)."""
+"""``python -m aperf COMMAND ...``: aperf's tools. One so far: ``trace`` (also ``aperf-trace``);
+and ``python -m aperf --include-dir``, the directory of aperf's BPF header for ``clang -I``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ USAGE = """usage: python -m aperf COMMAND [ARGS...]
 commands:
   trace    trace process exec and exit events (the same as aperf-trace)
 
+options:
+  --include-dir  print the directory of aperf's BPF header, for clang -I
+                 (#include <aperf/buffer.bpf.h>)
+
 python -m aperf trace --help shows the tracer's options."""
 
 
@@ -19,6 +24,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._tools.trace.cli import main as trace
 
         return trace(args[1:], command="python -m aperf trace")
+    if args == ["--include-dir"]:
+        from ._bpf.header import include_dir
+
+        print(include_dir())
+        return 0
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0
