@@ -10,7 +10,9 @@
  *   target 1: aperf_buffer_reserve() + aperf_buffer_submit() into "events"
  *             (every sample whose sequence number is a multiple of discard_every,
  *             if not 0, is reserved and discarded instead),
- *   target 2: aperf_ringbuf_output() into CPU N's ring of "rings".
+ *   target 2: aperf_ringbuf_output() into CPU N's ring of "rings",
+ *   target 3: bpf_ringbuf_output() into the ring in slot N of "user_rings", which
+ *             user space fills (failures counted in user_dropped[N]).
  * Samples are laid out as producer.bpf.c's: u64 sequence number (first_seq + i),
  * u64 bpf_ktime_get_ns(), then zeros; size is 16..MAX_SAMPLE_SIZE.
  *
@@ -32,6 +34,22 @@ char LICENSE[] SEC("license") = "GPL";
 
 APERF_BUFFER(events, 64 * 1024);
 APERF_RINGBUF_PER_CPU(rings, 16 * 1024);
+
+/* The same, written by hand as Falco's modern probe does: user space puts a ring
+ * buffer of its own making in each slot, the program counts its drops per CPU. */
+struct user_ring {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);
+	__array(values, struct user_ring);
+} user_rings SEC(".maps");
+
+__u64 user_dropped[MAX_CPUS];
 
 struct buffers_config {
 	__u64 count;
@@ -66,6 +84,7 @@ struct {
 
 struct loop_ctx {
 	void *ctx;
+	__u32 cpu;
 	struct buffers_config cfg;
 	__u64 ok;
 	__u64 failed;
@@ -102,6 +121,7 @@ static long emit_one(__u64 i, void *data)
 	__u64 seq = lc->cfg.first_seq + i, size = lc->cfg.size;
 	struct buffers_sample *s;
 	__u32 zero = 0;
+	void *ring;
 	long ret;
 
 	if (lc->cfg.target == 1) {
@@ -113,9 +133,14 @@ static long emit_one(__u64 i, void *data)
 		return 1;
 	s->seq = seq;
 	s->ts = bpf_ktime_get_ns();
-	if (lc->cfg.target == 2)
+	if (lc->cfg.target == 2) {
 		ret = aperf_ringbuf_output(rings, s, size);
-	else
+	} else if (lc->cfg.target == 3) {
+		ring = bpf_map_lookup_elem(&user_rings, &lc->cpu);
+		ret = ring ? bpf_ringbuf_output(ring, s, size, 0) : -2;
+		if (ret < 0 && lc->cpu < MAX_CPUS)
+			__sync_fetch_and_add(&user_dropped[lc->cpu], 1);
+	} else
 		ret = aperf_buffer_output(events, lc->ctx, s, size);
 	lc->ok += ret >= 0;
 	lc->failed += ret < 0;
@@ -130,13 +155,14 @@ int produce(void *ctx)
 	struct loop_ctx lc = {};
 	struct buffers_sample *s = bpf_map_lookup_elem(&scratch, &zero);
 
-	if (!cfg || !s || cfg->target > 2 || cfg->count > (1 << 23))
+	if (!cfg || !s || cfg->target > 3 || cfg->count > (1 << 23))
 		return 1;
 	if (cfg->target == 1 ? cfg->size != sizeof(struct buffers_sample)
 			     : cfg->size < 16 || cfg->size > MAX_SAMPLE_SIZE)
 		return 1;
 	__builtin_memset(s, 0, sizeof(*s));
 	lc.ctx = ctx;
+	lc.cpu = cpu;
 	lc.cfg = *cfg;
 	bpf_loop(cfg->count, emit_one, &lc, 0);
 	__sync_fetch_and_add(&produced_ok, lc.ok);

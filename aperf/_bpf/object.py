@@ -225,6 +225,14 @@ def _encode_global(name: str, slot: GlobalSlot, value: object) -> bytes:
     )
 
 
+def _check_max_entries(max_entries: object) -> None:
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int):
+        raise TypeError(f"max_entries must be an int, not {type(max_entries).__name__}")
+    if not 0 < max_entries < 1 << 32:
+        raise ArgumentError("max_entries", f"max_entries must be in 1..2**32-1, not "
+                            f"{max_entries!r}")
+
+
 class SectionMemory:
     """A global-data section's map (``.data``, ``.bss``, ``.rodata``) mapped into this
     process: the globals' live bytes, shared with the programs (what a libbpf
@@ -375,15 +383,29 @@ class Map(_Part):
     def set_max_entries(self, max_entries: int) -> None:
         """Size the map before its object is loaded (a ring buffer: its bytes, a power of
         two of at least a page)."""
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int):
-            raise TypeError(f"max_entries must be an int, not {type(max_entries).__name__}")
-        if not 0 < max_entries < 1 << 32:
-            raise ArgumentError("max_entries", f"max_entries must be in 1..2**32-1, not "
-                                f"{max_entries!r}")
+        _check_max_entries(max_entries)
         ptr = self._ptr  # ClosedResourceError once the object is closed
         if self._owner.loaded:
             raise ObjectStateError(f"map {self.name!r}: set_max_entries before load()")
         lb.bpf_map__set_max_entries(ptr, max_entries)
+
+    @_guarded
+    def set_inner_max_entries(self, max_entries: int) -> None:
+        """Size the rings the loader makes for a per-CPU ring buffer map
+        (``APERF_RINGBUF_PER_CPU`` of ``<aperf/buffer.bpf.h>``), before load: the bytes
+        of each CPU's ring buffer (a power of two of at least a page). The kernel
+        does not hold a map of maps' ring buffers to its inner map's size."""
+        _check_max_entries(max_entries)
+        self._check_open()
+        if self._owner.loaded:
+            raise ObjectStateError(f"map {self.name!r}: set_inner_max_entries before load()")
+        if self.name not in self._owner._ring_arrays:
+            raise ObjectStateError(
+                f"map {self.name!r} is not a per-CPU ring buffer map of <aperf/buffer.bpf.h> "
+                "(APERF_RINGBUF_PER_CPU), whose rings the loader makes; libbpf 1.1 cannot "
+                "resize another map's inner map"
+            )
+        self._owner._ring_bytes[self.name] = max_entries
 
     @property
     @_guarded
@@ -650,6 +672,7 @@ class BPFObject:
         self._decoders: dict[str, SizedDecoder] = {}
         self._buffers: list[str] = []  # APERF_BUFFER maps
         self._ring_arrays: list[str] = []  # APERF_RINGBUF_PER_CPU maps
+        self._ring_bytes: dict[str, int] = {}  # their rings' size, if set before load
         self._maps: _NameTable[Map] = _NameTable("map", {})
         self._programs: _NameTable[Program] = _NameTable("program", {})
         raw = lb.c_path(path, "path")
@@ -964,9 +987,9 @@ class BPFObject:
         if self._loaded:
             raise ObjectStateError(f"BPF object {self.path!r} is already loaded")
         # libbpf frees a map-in-map's inner template once the outer map exists: its
-        # ring size is read before.
-        ring_sizes = {name: lb.inner_map_max_entries(self._maps[name]._ptr)
-                      for name in self._ring_arrays}
+        # ring size is read before (set_inner_max_entries's size, else the declared one).
+        ring_sizes = {name: self._ring_bytes.get(name) or lb.inner_map_max_entries(
+            self._maps[name]._ptr) for name in self._ring_arrays}
         with lb.capture_log() as captured:
             try:
                 lb.bpf_object__load(self._ptr)

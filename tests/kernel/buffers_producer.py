@@ -16,7 +16,7 @@ from aperf._native import libbpf as lb
 from ..helpers import BPF_DIR
 
 OBJECT = BPF_DIR / "buffers.bpf.o"
-TARGETS = {"output": 0, "reserve": 1, "rings": 2}
+TARGETS = {"output": 0, "reserve": 1, "rings": 2, "user_rings": 3}
 RESERVED_SIZE = 512  # what target "reserve" always sends (struct buffers_sample)
 _CONFIG = struct.Struct("<QQQQQ")  # count, size, first_seq, target, discard_every
 _KEY = struct.Struct("<I")
@@ -33,14 +33,17 @@ class Counts:
 
 
 class Buffers:
-    """The object, opened with ``buffer=`` and loaded (``events`` resized first if asked)."""
+    """The object, opened with ``buffer=`` and loaded (``events`` and each ring of
+    ``rings`` resized first if asked)."""
 
-    def __init__(self, buffer: str | None = None, *,
-                 events_bytes: int | None = None) -> None:
+    def __init__(self, buffer: str | None = None, *, events_bytes: int | None = None,
+                 ring_bytes: int | None = None) -> None:
         self.obj = aperf.BPFObject(OBJECT, buffer=buffer)  # type: ignore[arg-type]
         try:
             if events_bytes is not None:
                 self.obj.maps["events"].set_max_entries(events_bytes)
+            if ring_bytes is not None:  # each CPU's ring of "rings"
+                self.obj.maps["rings"].set_inner_max_entries(ring_bytes)
             self.obj.load()
         except BaseException:
             self.obj.close()
