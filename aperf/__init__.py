@@ -22,6 +22,7 @@ from . import abc as abc
 from . import decoders as decoders
 from ._bpf.header import include_dir as include_dir
 from ._bpf.object import BPFObject as BPFObject
+from ._bpf.object import BufferChoice as BufferChoice
 from ._bpf.object import Link as Link
 from ._bpf.object import Map as Map
 from ._bpf.object import Program as Program
@@ -78,6 +79,7 @@ __all__ = [
     "BPFObject",
     "BadSample",
     "BrokenRingError",
+    "BufferChoice",
     "BusyResourceError",
     "ClosedResourceError",
     "CpuStatistics",
