@@ -885,7 +885,7 @@ class BPFObject:
         counter they keep, a value [`write_global`][aperf.BPFObject.write_global]
         set); before load, the value it will be loaded with. Integers come as
         ``int``, ``bool`` as ``bool``, enums as their ``IntEnum``, structs, arrays and
-        ``char`` arrays as a sample's fields would ([`decoders`][aperf.decoders]).
+        ``char`` arrays as a sample's fields would (docs/decoding.md).
         """
         slot = global_slot(self._btf(), name)
         if self._loaded:
