@@ -742,6 +742,7 @@ class BPFObject:
     def buffer(self) -> Literal["ringbuf", "perf"] | None:
         """What the program's ``APERF_BUFFER`` maps are: ``"ringbuf"`` or ``"perf"``
         (chosen by ``buffer=``, else as declared: a ring buffer); None if it has none."""
+        self._check_open()
         if not self._buffers:
             return None
         first = self._maps[self._buffers[0]]
@@ -929,6 +930,7 @@ class BPFObject:
         [`read_global`][aperf.BPFObject.read_global], assigning one is
         [`write_global`][aperf.BPFObject.write_global] (a skeleton's
         ``skel->bss->counter``)."""
+        self._check_open()
         return Globals(self)
 
     @_guarded
