@@ -7,6 +7,7 @@ sees both directions on the kernel."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from ..helpers import BPF_DIR
 
 pytestmark = [pytest.mark.usefixtures("kernel")]
 OBJECT = BPF_DIR / "globals.bpf.o"
+CPUS = sorted(os.sched_getaffinity(0))
 
 
 @contextlib.contextmanager
@@ -62,11 +64,16 @@ def test_a_write_is_seen_by_the_program_at_once() -> None:
 
 def test_values_are_decoded_with_the_btf() -> None:
     with loaded() as obj:
-        bump(obj, 2, cpu=0)
-        bump(obj, 1, cpu=1)
+        first, last = min(CPUS), max(CPUS)
+        bump(obj, 2, cpu=first)
+        bump(obj, 1, cpu=last)
         stats = obj.read_global("stats")
         assert (stats.calls, stats.delta, stats.sum) == (3, -3, 3)  # a struct
-        assert obj.read_global("per_cpu_calls") == (2, 1, 0, 0)  # an array
+        calls = [0, 0, 0, 0]  # per_cpu_calls[cpu] for CPUs 0 to 3
+        for cpu, times in ((first, 2), (last, 1)):
+            if cpu < 4:
+                calls[cpu] += times
+        assert obj.read_global("per_cpu_calls") == tuple(calls)  # an array
         assert obj.read_global("label") == "aperf"  # a char array
         assert obj.read_global("mode") == 1 and obj.read_global("mode").name == "MODE_ON"
         assert obj.read_global("enabled") is True
