@@ -14,12 +14,16 @@ APERF_BUFFER(events, 256 * 1024);
 
 /* A global the program keeps: user space reads it live with obj.read_global("execs"). */
 __u64 execs = 0;
+/* One it reads: user space pauses it with obj.write_global("paused", True). */
+bool paused = false;
 
 SEC("tp/sched/sched_process_exec")
 int on_exec(void *ctx)
 {
 	struct exec_event *e;
 
+	if (paused)
+		return 0;
 	__sync_fetch_and_add(&execs, 1);
 	e = aperf_buffer_reserve(events, sizeof(*e));
 	if (!e)
