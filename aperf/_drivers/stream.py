@@ -288,8 +288,12 @@ class PerfStream(Generic[T]):
         held = OpenReader(reader, loop.stop, what="PerfStream", noun="perf stream",
                           stop_in_child=False, hand_over=_on_loop_thread(loop))
         try:
-            # Weakly: a registration must not keep a dropped stream alive.
-            loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge)
+            # Weakly: a registration must not keep a dropped stream alive. Arming a
+            # perf fd polls it, which takes a wakeup that came between opening the rings
+            # and arming them, unreported: the binding calls _on_armed once the loop has
+            # armed each handle (uvloop arms on its next iteration), to look then.
+            loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge,
+                       weak_callback(self._on_armed))
         except BaseException:
             held.release()
             raise
@@ -298,11 +302,6 @@ class PerfStream(Generic[T]):
         self._held = held
         self._tick_callback = weak_callback(self._tick)
         held.opened(self, "'async with' or aclose()")
-        # Arming a perf fd polls it, which clears a wakeup that came between opening the
-        # rings and arming them; uvloop arms on its next iteration. So the first look
-        # at the rings is a tick of the drain timer, due now: it runs on the loop after
-        # the arm (the trio binding looks once more after its own first arm).
-        reader.deadline = loop.time()
         self._sync_timer()
 
     async def __aenter__(self) -> PerfStream[T]:
@@ -379,7 +378,24 @@ class PerfStream(Generic[T]):
 
     # --- loop callbacks -----------------------------------------------------------------
 
+    def _live_reader(self) -> Reader | None:
+        """The reader, while the loop's callbacks may act on it."""
+        reader, held = self._reader, self._held
+        if reader is None or held is None or held.forked or self._closed:
+            return None
+        return reader
+
+    @staticmethod
+    def _step(reader: Reader, step: Callable[[], int]) -> int:
+        """Events a reader's step added; a failure is queued for the consumer (counted 1)."""
+        try:
+            return step()
+        except Exception as exc:  # never let it reach the loop's handler to be printed
+            reader.push_failure(exc)
+            return 1
+
     def _on_ready(self, handle: int) -> None:
+        # Once per wakeup: inline, no helper calls (see _step).
         reader, held = self._reader, self._held
         if reader is None or held is None or held.forked or self._closed:
             return
@@ -394,24 +410,30 @@ class PerfStream(Generic[T]):
         if self._loop is not None and (watch or forget):
             for gone in forget:
                 self._loop.forget(gone)
-            self._loop.watch(watch, weak_callback(self._on_ready), reader.source.acknowledge)
-            reader.deadline = self._loop.time()  # look at the new rings once they are armed
+            # The new rings are looked at once they are armed (_on_armed).
+            self._loop.watch(watch, weak_callback(self._on_ready), reader.source.acknowledge,
+                             weak_callback(self._on_armed))
         if added:
+            self._wake()
+        if reader.deadline != self._timer_at:
+            self._sync_timer()
+
+    def _on_armed(self, handle: int) -> None:
+        """The loop armed ``handle``: look at its rings (the arm may have taken a wakeup)."""
+        reader = self._live_reader()
+        if reader is None:
+            return
+        if self._step(reader, partial(reader.look, handle)):
             self._wake()
         if reader.deadline != self._timer_at:
             self._sync_timer()
 
     def _tick(self) -> None:
         self._timer_at = None
-        reader, held = self._reader, self._held
-        if reader is None or held is None or held.forked or self._closed:
+        reader = self._live_reader()
+        if reader is None:
             return
-        try:
-            added = reader.tick()
-        except Exception as exc:
-            reader.push_failure(exc)
-            added = 1
-        if added:
+        if self._step(reader, reader.tick):
             self._wake()
         self._sync_timer()
 

@@ -244,6 +244,13 @@ class PerfBuffer(Generic[T]):
         self._held = OpenReader(reader, self._waiter.close, what="PerfBuffer", noun="perf buffer",
                                 stop_in_child=True)
         self._held.opened(self, "'with' or close()")
+        # Adding a perf fd to the epoll set polls it, which takes the wakeup of a sample
+        # written since the rings opened without epoll reporting it: look once now.
+        try:
+            for handle in reader.handles():
+                reader.look(handle)
+        except Exception as exc:  # raised by the first poll or consume, in order
+            reader.push_failure(exc)
 
     # --- libbpf's API -------------------------------------------------------------------
 

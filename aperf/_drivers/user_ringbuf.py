@@ -52,6 +52,7 @@ from .._errors import (
 )
 from .._options import PAGE_SIZE
 from .._rings import map_spec as maps
+from .._rings.map_lock import MapLock, lock_map
 from .._rings.map_spec import RING_ACCESS_ENV, ring_access
 from .._rings.ringbuf.user_format import UserRingWriter, record_step
 from .lifetime import forked_error, track, untrack
@@ -68,14 +69,15 @@ _producers_lock = threading.Lock()
 class _Ring:
     """What a UserRingBuffer holds: our map fd, the two mappings, the epoll fd, the writer."""
 
-    __slots__ = ("__weakref__", "epoll", "fd", "forked", "map_id", "mappings", "name",
-                 "writer")
+    __slots__ = ("__weakref__", "claim", "epoll", "fd", "forked", "map_id", "mappings",
+                 "name", "writer")
 
     def __init__(self, spec: maps.MapSpec, name: str) -> None:
         self.name = name
         self.forked = False
         self.fd = -1
         self.map_id = 0
+        self.claim: MapLock | None = None
         self.mappings: list[mmap.mmap] = []
         self.epoll: select.epoll | None = None
         self.writer: UserRingWriter | None = None
@@ -108,6 +110,8 @@ class _Ring:
                 )
             _producers.add(facts.id)
             self.map_id = facts.id
+        # Producers in other processes: the map lock (one byte, as for a ring buffer).
+        self.claim = lock_map(facts.id, self.name, [0], purpose="produce")
         size = facts.max_entries
         self.mappings.append(mmap.mmap(self.fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ))
         self.mappings.append(mmap.mmap(
@@ -141,6 +145,9 @@ class _Ring:
             fd, self.fd = self.fd, -1
             if fd >= 0:
                 os.close(fd)
+            claim, self.claim = self.claim, None
+            if claim is not None:
+                claim.release()  # in a forked child, the child's copies only
             if self.map_id:
                 with _producers_lock:
                     _producers.discard(self.map_id)
@@ -212,8 +219,9 @@ class UserRingBuffer:
       kept (aperf never unmaps memory a view still reaches, but a slice kept past
       its submit would write into later messages).
 
-    One producer per ring: a second UserRingBuffer on the same map in this
-    process raises ``BusyResourceError``. Not thread-safe: use it from one thread
+    One producer per ring: a second UserRingBuffer on the same map, in this
+    process or another (through the map lock, docs/rings.md), raises
+    ``BusyResourceError`` naming the first. Not thread-safe: use it from one thread
     (or one event loop). A context manager; ``close()`` discards pending
     reservations. In a child process after ``fork()`` it refuses every call.
     """

@@ -268,8 +268,12 @@ class Reader:
         clock = self.clock
         now, since = clock.start_tick()
         added = 0
+        # A full queue holds every ring back (the drain refuses and pauses), also one
+        # drained since the last tick: else a tick that looked at no ring would take the
+        # silence for idleness, and the timer would come back only in idle_latency.
+        full = self.pending >= self.max_pending
         for key in list(self.rings):
-            if clock.due(key, since):
+            if full or clock.due(key, since):
                 added += self.drain(key)
                 clock.looked(key, now)
         clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
@@ -315,6 +319,19 @@ class Reader:
                 continue
             added += self.drain(ring.key)
         self.clock.traffic()
+        return added
+
+    def look(self, handle: int) -> int:
+        """A driver's loop armed ``handle``: drain its rings (events added). Arming a perf
+        fd polls it, and that poll takes a wakeup that came before it without the loop
+        reporting it: whatever was written before the arm is taken here, anything
+        after it wakes the armed handle. Not a wakeup: nothing is counted, but what it
+        finds is traffic for the drain clock, as a tick's finds are."""
+        added = 0
+        for ring in list(self._handles.get(handle, ())):
+            added += self.drain(ring.key)
+        if added:
+            self.clock.traffic()
         return added
 
     def _gathers(self, ring: Ring) -> bool:
@@ -396,6 +413,10 @@ class Reader:
         self.stalled.add(key)
         if not self.paused:
             self.paused = True
+            # From now on the full queue holds back every ring, not only this one: drops
+            # on a ring no wakeup or tick has reached yet are the queue's as much.
+            for ring in self.rings.values():
+                self.losses.held_back(ring)
             log.debug("perf stream paused", pending=self.pending, max_pending=self.max_pending)
 
     def drain(self, key: int, *, force: bool = False) -> int:

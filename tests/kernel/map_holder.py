@@ -1,11 +1,14 @@
 """A reader in a process of its own, for tests/kernel/test_map_lock.py.
 
-``python tests/kernel/map_holder.py PIN MODE [fork]`` opens the map pinned at PIN
-(MODE: ``iterate``/``run``/``trio``/``poll``, how it reads) and prints, one
-line each, flushed: ``ready <pid>`` once the map is open; ``count <n>`` for every
-hundredth sample; and when the stream ends ``taken <taker pid> <samples>`` (a
+``python tests/kernel/map_holder.py PIN MODE [fork] [wait] [ignored...]`` opens the map
+pinned at PIN (or the map fd PIN, inherited, when it is a number; MODE:
+``iterate``/``run``/``trio``/``poll``, how it reads) and prints, one line each,
+flushed: ``ready <pid>`` once the map is open; ``count <n>`` for every hundredth
+sample; and when the stream ends ``taken <taker pid> <samples>`` (a
 TakenOverError) or ``error <type> <message>``. With ``fork``, it first forks a
-child that inherits the open stream and sleeps, printing ``child <pid>``.
+child that inherits the open stream and sleeps, printing ``child <pid>``. With
+``wait``, it prints ``pid <pid>`` and waits for a line on stdin before it opens
+the map. Further arguments are ignored (they show in its command line).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import anyio
 
 import aperf
 
-PIN, MODE = sys.argv[1], sys.argv[2]
-FORK = sys.argv[3:] == ["fork"]
+PIN: str | int = int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1]
+MODE = sys.argv[2]
+FORK = "fork" in sys.argv[3:]
+WAIT = "wait" in sys.argv[3:]
 count = 0
 
 
@@ -64,6 +69,9 @@ def read_sync() -> None:
 
 
 try:
+    if WAIT:
+        say("pid", os.getpid())
+        sys.stdin.readline()
     if MODE == "poll":
         read_sync()
     else:

@@ -468,7 +468,11 @@ def test_json_lines_carry_every_field(tracefs: None, tmp_path: Path) -> None:
             return [r for r in records if pid in (r["pid"], r["ppid"])]
 
         def complete(lines: list[str]) -> bool:
-            return any(r["exit_event"] and r["pid"] == pid for r in records_of(lines))
+            # Every record asserted on below, whatever order they come in: ls's exec is
+            # on whichever CPU ran ls, and may be printed after sh's exit (an ordered
+            # stream releases an event it finds late after the ones it released).
+            kinds = {(r["event"], r["comm"]) for r in records_of(lines)}
+            return {("EXEC", "sh"), ("EXEC", "ls"), ("EXIT", "sh")} <= kinds
 
         records = records_of(tracer.read_until(complete))
         rc, _ = tracer.stop()

@@ -12,6 +12,8 @@ import ctypes
 import gc
 import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -349,3 +351,56 @@ def test_a_forked_child_cannot_send_and_leaves_the_parents_ring_alone(echo: Echo
         urb.send_nowait(b"parent")
         assert echo.drain() == 2
     assert echo.echoed(2) == [b"mine", b"parent"]
+
+
+PRODUCER = """
+import sys
+import aperf
+
+# A producer in a process of its own: sends the messages it is told to, then closes.
+with aperf.UserRingBuffer(int(sys.argv[1])) as urb:
+    print("open", flush=True)
+    for line in sys.stdin:
+        first, count = map(int, line.split())
+        for seq in range(first, first + count):
+            size = 1 + (seq * 37) % 300  # tests/test_user_ringbuf.py's message()
+            urb.send_nowait((seq.to_bytes(4, "little") + bytes([seq & 0xFF]) * size)[:size])
+        print("sent", count, flush=True)
+print("closed", flush=True)
+"""
+
+
+def test_a_producer_in_another_process_is_refused_and_nothing_is_lost_or_torn(
+    echo: Echo,
+) -> None:
+    fd = echo.map.fd
+    first = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, str(fd)], pass_fds=[fd], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert first.stdin is not None and first.stdout is not None
+    try:
+        assert first.stdout.readline() == "open\n"
+        # The second producer (this process) is refused, naming the first: two would
+        # lose and tear messages and jam the ring (the protocol has one producer).
+        with pytest.raises(aperf.BusyResourceError,
+                           match=f"has a producer in pid {first.pid} "):
+            aperf.UserRingBuffer(echo.map)
+        for batch in range(3):
+            first.stdin.write(f"{batch * 40} 40\n")
+            first.stdin.flush()
+            assert first.stdout.readline() == "sent 40\n"
+            assert echo.drain() == 40
+        assert echo.echoed(120) == [message(i) for i in range(120)]
+        assert echo.counter(1) == 0
+        first.stdin.close()
+        assert first.stdout.readline() == "closed\n"
+        assert first.wait(30) == 0
+    finally:
+        first.kill()
+        first.wait(30)
+        first.stdout.close()
+    # Closed: the map is free for the next producer.
+    with aperf.UserRingBuffer(echo.map) as urb:
+        urb.send_nowait(b"next")
+    assert echo.drain() == 1 and echo.echoed(1) == [b"next"]

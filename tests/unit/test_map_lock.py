@@ -27,39 +27,38 @@ def lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-class Other:
-    """A process holding slots of the map until told (a line on stdin) or killed; it
-    prints ``held``, then ``taken <pid>`` when a genuine take-over request came."""
+HOLDER = Path(__file__).resolve().parent.parent / "lock_holder.py"
 
-    def __init__(self, slots: list[int]) -> None:
-        code = textwrap.dedent(f"""
-            import select, sys
-            from aperf._rings import map_lock as ml
-            lock = ml.lock_map({MAP_ID}, "test", {slots!r})
-            print("held", flush=True)
-            while True:
-                ready, _, _ = select.select([sys.stdin, lock.notice], [], [])
-                if lock.notice in ready:
-                    error = lock.taken_over()
-                    if error is not None:
-                        lock.give_up()
-                        print("taken", error.pid, flush=True)
-                if sys.stdin in ready:
-                    lock.release()
-                    print("released", flush=True)
-                    break
-        """)
+
+class Other:
+    """A process holding slots of the map (tests/lock_holder.py) until told (a line
+    on stdin) or killed."""
+
+    def __init__(self, slots: list[int], *, comment: str = "") -> None:
+        # With a comment, its command line shows it first: python -c '#comment ...'.
+        run = [str(HOLDER)] if not comment else [
+            "-c", f"#{comment}\nimport runpy; runpy.run_path({str(HOLDER)!r}, run_name='__main__')"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=os.environ.copy(),
+            [sys.executable, *run, str(MAP_ID), ",".join(map(str, slots))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
         )
+        self._said = b""
         assert self.line() == "held"
 
-    def line(self) -> str:
+    def line(self, *, notices: bool = False) -> str:
+        """Its next line (past ``notice`` lines, unless ``notices``)."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        assert ready, "the other process said nothing"
-        return self.proc.stdout.readline().strip()
+        fd = self.proc.stdout.fileno()  # read unbuffered: select sees what is left
+        while True:
+            while b"\n" not in self._said:
+                ready, _, _ = select.select([fd], [], [], 30)
+                assert ready, f"the other process said nothing more after {self._said!r}"
+                more = os.read(fd, 4096)
+                assert more, f"the other process ended after {self._said!r}"
+                self._said += more
+            line, self._said = self._said.split(b"\n", 1)
+            if notices or line != b"notice":
+                return line.decode().strip()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -175,37 +174,101 @@ def test_take_over_asks_the_holder_and_waits_for_it(others: list[Other]) -> None
         lock.release()
 
 
-def test_take_over_of_a_holder_that_does_not_answer_times_out(others: list[Other]) -> None:
+def talk(path: str, *messages: bytes) -> socket.socket:
+    """A connection to a holder's take-over socket that sent ``messages``."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(path)
+    for message in messages:
+        conn.send(message)
+    return conn
+
+
+def heard(lock: ml.MapLock) -> aperf.TakenOverError | None:
+    """What the holder makes of what came (its notice fd turned readable first)."""
+    assert select.select([lock.notice], [], [], 5)[0], "no notice"
+    return lock.taken_over()
+
+
+def test_only_an_accepted_offer_takes_the_map(lock_dir: Path) -> None:
+    lock = ml.lock_map(MAP_ID, "test", [0])
+    assert lock is not None
+    try:
+        path = str(lock_dir / ml.socket_name(MAP_ID, os.getpid()))
+        with talk(path, b"give it to me") as out:
+            assert heard(lock) is None
+            assert out.recv(64) == b""  # hung up on
+        with talk(path, ml.ACCEPT) as out:  # accepting what was never offered
+            assert heard(lock) is None
+            assert out.recv(64) == b""
+        with talk(path, ml.REQUEST) as out:
+            assert heard(lock) is None
+            assert out.recv(64) == ml.OFFER
+            assert select.select([lock.notice], [], [], 0)[0] == []  # nothing more to hear
+            out.send(ml.ACCEPT)
+            error = heard(lock)
+            assert isinstance(error, aperf.TakenOverError) and error.pid == os.getpid()
+            assert error.map_id == MAP_ID
+            import anyio
+
+            assert isinstance(error, anyio.BrokenResourceError)
+            assert "is read by pid" in lock_elsewhere([0])  # not before it gives up
+            lock.give_up()
+            assert out.recv(64) == b""  # hung up once the map is free
+            assert lock_elsewhere([0]) == "ok"
+            assert not os.path.exists(path)  # it listens no more
+    finally:
+        lock.release()
+
+
+def test_a_take_over_withdrawn_at_its_timeout_is_never_honoured(others: list[Other]) -> None:
     other = Other([0])
     others.append(other)
-    other.proc.send_signal(signal.SIGSTOP)
+    other.proc.send_signal(signal.SIGSTOP)  # it cannot answer now
     try:
         held = ml.MapLock(MAP_ID, "test", [0])
         with pytest.raises(aperf.BusyResourceError, match=r"did not give it up within 0\.2 s"):
             held.acquire(take_over=True, timeout=0.2)
     finally:
         other.proc.send_signal(signal.SIGCONT)
-
-
-def test_a_forged_request_ends_nothing(others: list[Other]) -> None:
-    lock = ml.lock_map(MAP_ID, "test", [0])
+    # Running again, it reads the request of a taker that is gone: it keeps the map.
+    assert other.line(notices=True) == "notice"
+    assert f"is read by pid {other.proc.pid} " in lock_elsewhere([0])
+    # A taker that waits is still served.
+    lock = ml.lock_map(MAP_ID, "test", [0], take_over=True)
     assert lock is not None
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
-            out.sendto(b"give it to me", ml.notice_name(MAP_ID, os.getpid()))
-            out.sendto(ml.REQUEST + b"x", ml.notice_name(MAP_ID, os.getpid()))
-        assert select.select([lock.notice], [], [], 5)[0]
-        assert lock.taken_over() is None
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
-            out.sendto(ml.REQUEST, ml.notice_name(MAP_ID, os.getpid()))
-        error = lock.taken_over()
-        assert isinstance(error, aperf.TakenOverError) and error.pid == os.getpid()
-        assert error.map_id == MAP_ID
-        import anyio
-
-        assert isinstance(error, anyio.BrokenResourceError)
+        assert other.line() == f"taken {os.getpid()}"
     finally:
         lock.release()
+
+
+def test_a_take_over_socket_of_another_process_is_not_asked(
+    others: list[Other], lock_dir: Path
+) -> None:
+    other = Other([0])
+    others.append(other)
+    path = lock_dir / ml.socket_name(MAP_ID, other.proc.pid)
+    path.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as impostor:
+        impostor.bind(str(path))
+        impostor.listen(1)
+        with pytest.raises(aperf.BusyResourceError,
+                           match=f"its take-over socket belongs to pid {os.getpid()}"):
+            ml.lock_map(MAP_ID, "test", [0], take_over=True)
+    assert f"is read by pid {other.proc.pid} " in lock_elsewhere([0])
+
+
+def test_a_holders_command_line_reaches_messages_as_printable_text(
+    others: list[Other],
+) -> None:
+    other = Other([0], comment="\x1b]0;owned\x07\x1b[2J\u202eevil\x9b31m")
+    others.append(other)
+    with pytest.raises(aperf.BusyResourceError) as caught:
+        ml.lock_map(MAP_ID, "test", [0])
+    message = str(caught.value)
+    assert f"is read by pid {other.proc.pid} (" in message
+    assert "#?]0;owned??[2J?evil?31m import runpy;" in message, message
+    assert message.isprintable(), repr(message)
 
 
 def test_a_forked_child_holds_nothing() -> None:
@@ -245,3 +308,86 @@ def test_take_over_is_checked_when_the_stream_is_made() -> None:
         aperf.PerfStream(FakeRingSource(cpus=[0]), take_over="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="only a map"):
         aperf.PerfBuffer(FakeRingSource(cpus=[0]), on_sample=print, take_over=True)
+
+
+def test_lock_files_are_made_0600_and_nobody_elses_mode_is_changed(lock_dir: Path) -> None:
+    lock = ml.lock_map(MAP_ID, "test", [0])
+    assert lock is not None
+    path = Path(ml.lock_path(MAP_ID))
+    try:
+        assert path.stat().st_mode & 0o7777 == 0o600  # not readable, let alone lockable, by others
+    finally:
+        lock.release()
+    path.write_bytes(b"")  # one of ours that aperf did not make: used, its mode left alone
+    path.chmod(0o640)
+    lock = ml.lock_map(MAP_ID, "test", [0])
+    assert lock is not None
+    try:
+        assert path.stat().st_mode & 0o7777 == 0o640
+    finally:
+        lock.release()
+
+
+def test_a_hard_link_is_refused_and_its_file_left_alone(lock_dir: Path) -> None:
+    precious = lock_dir / "precious"
+    precious.write_text("root's")
+    precious.chmod(0o600)
+    os.link(precious, ml.lock_path(MAP_ID))
+    with pytest.raises(OSError, match="it has 2 links"):
+        ml.lock_map(MAP_ID, "test", [0])
+    assert precious.stat().st_mode & 0o7777 == 0o600
+    assert precious.read_text() == "root's"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775, 0o2770])
+def test_a_lock_directory_others_may_write_is_refused(
+    lock_dir: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    shared = lock_dir / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setenv(ml.LOCK_DIR_ENV, str(shared))
+    reason = "every user could" if mode & 0o002 else "without the sticky bit"
+    with pytest.raises(OSError, match=f"cannot use {shared} as the map lock directory .*{reason}"):
+        ml.lock_map(MAP_ID, "test", [0])
+    assert os.listdir(shared) == []
+
+
+def test_the_old_default_dev_shm_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ml.LOCK_DIR_ENV, "/dev/shm")  # world-writable: anyone could squat
+    with pytest.raises(OSError, match="mode 1777: every user could plant or hold"):
+        ml.lock_map(MAP_ID, "test", [0])
+    assert not os.path.exists(f"/dev/shm/aperf-map-{MAP_ID}.lock")
+
+
+def test_a_group_directory_with_the_sticky_bit_shares_the_locks(
+    lock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = lock_dir / "shared"
+    shared.mkdir()
+    shared.chmod(0o3770)  # setgid: files get its group; sticky: members keep their files
+    monkeypatch.setenv(ml.LOCK_DIR_ENV, str(shared))
+    lock = ml.lock_map(MAP_ID, "test", [0])
+    assert lock is not None
+    try:
+        info = (shared / f"aperf-map-{MAP_ID}.lock").stat()
+        assert info.st_mode & 0o7777 == 0o660 and info.st_gid == shared.stat().st_gid
+        assert "is read by pid" in lock_elsewhere([0])
+    finally:
+        lock.release()
+
+
+def test_the_default_directory_is_private_to_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ml.LOCK_DIR_ENV)
+    uid = os.geteuid()
+    expected = "/run/aperf" if uid == 0 else f"/dev/shm/aperf-{uid}"
+    assert ml.lock_dir() == expected
+    lock = ml.lock_map(MAP_ID, "test", [0])
+    assert lock is not None
+    try:
+        info = os.lstat(expected)
+        assert info.st_uid == uid and info.st_mode & 0o022 == 0
+        assert os.path.exists(f"{expected}/aperf-map-{MAP_ID}.lock")
+    finally:
+        lock.release()
+    assert not os.path.exists(f"{expected}/aperf-map-{MAP_ID}.lock")
