@@ -23,7 +23,9 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 from . import abc as abc
 from . import decoders as decoders
 from ._arrow.builder import ArrowBuilder as ArrowBuilder
+from ._bpf.header import include_dir as include_dir
 from ._bpf.object import BPFObject as BPFObject
+from ._bpf.object import BufferChoice as BufferChoice
 from ._bpf.object import Link as Link
 from ._bpf.object import Map as Map
 from ._bpf.object import Program as Program
@@ -75,6 +77,7 @@ from ._recording.replay import ReplaySource as ReplaySource
 from ._recording.replay import replay as replay
 from ._recording.writer import Recorder as Recorder
 from ._recording.writer import RecorderStatistics as RecorderStatistics
+from ._rings.ringbuf.array import RingBufferArraySource as RingBufferArraySource
 from ._rings.ringbuf.format import NO_CPU as NO_CPU
 from ._rings.ringbuf.source import RingBufferSource as RingBufferSource
 
@@ -89,6 +92,7 @@ __all__ = [
     "BPFObject",
     "BadSample",
     "BrokenRingError",
+    "BufferChoice",
     "BusyResourceError",
     "ClosedResourceError",
     "CpuStatistics",
@@ -117,6 +121,7 @@ __all__ = [
     "RecordingError",
     "RecordingFormatError",
     "ReplaySource",
+    "RingBufferArraySource",
     "RingBufferSource",
     "RingFullError",
     "RingSizeError",
@@ -134,6 +139,7 @@ __all__ = [
     "abc",
     "closing_on_signals",
     "decoders",
+    "include_dir",
     "libbpf_version",
     "replay",
     "set_libbpf_verbose",

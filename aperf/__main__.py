@@ -1,5 +1,6 @@
 """``python -m aperf COMMAND ...``: aperf's tools: ``trace`` (also ``aperf-trace``) and
-``record`` (any map of any BPF object, to Parquet files)."""
+``record`` (any map of any BPF object, to Parquet files); and ``python -m aperf
+--include-dir``, the directory of aperf's BPF header for ``clang -I``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ USAGE = """usage: python -m aperf COMMAND [ARGS...]
 commands:
   trace    trace process exec and exit events (the same as aperf-trace)
   record   record a map of a BPF object to Parquet files (docs/recording.md)
+
+options:
+  --include-dir  print the directory of aperf's BPF header, for clang -I
+                 (#include <aperf/buffer.bpf.h>)
 
 python -m aperf COMMAND --help shows a command's options."""
 
@@ -25,6 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._tools.record import main as record
 
         return record(args[1:])
+    if args == ["--include-dir"]:
+        from ._bpf.header import include_dir
+
+        print(include_dir())
+        return 0
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0

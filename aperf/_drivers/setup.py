@@ -35,8 +35,15 @@ from .._reading.clock import Clock
 from .._reading.multi import Member, MultiSource, check_names
 from .._reading.order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from .._reading.reader import Reader, load_columns
-from .._rings.map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
+from .._rings.map_spec import (
+    BPF_MAP_TYPE_ARRAY_OF_MAPS,
+    BPF_MAP_TYPE_RINGBUF,
+    MapSpec,
+    check_map_source,
+    map_type_of,
+)
 from .._rings.perf.source import PerfEventArraySource, check_layout
+from .._rings.ringbuf.array import RingBufferArraySource
 from .._rings.ringbuf.source import RingBufferSource
 from .._rings.seam import RING_SOURCE_MEMBERS, RecordedSource, RingConfig, RingSource
 
@@ -63,8 +70,9 @@ def is_ring_source(value: object) -> bool:
 
 def resolve_source(spec: object) -> RingSource:
     """A ring source from what the user passed: a source itself, or a map, by its type:
-    a BPF ring buffer, or a perf event array (of eBPF for Windows on Windows, else of
-    the Linux kernel), whose open says what is wrong with anything else."""
+    a BPF ring buffer, an array of ring buffers (one per CPU), or a perf event array
+    (of eBPF for Windows on Windows, else of the Linux kernel), whose open says what
+    is wrong with anything else."""
     missing = missing_members(spec)
     if not missing:
         return spec  # type: ignore[return-value]
@@ -82,8 +90,11 @@ def resolve_source(spec: object) -> RingSource:
 
         return WindowsMapSource(spec)  # type: ignore[arg-type, return-value]  # by type, at open
     source = check_map_source(spec)
-    if map_type_of(source) == BPF_MAP_TYPE_RINGBUF:
+    map_type = map_type_of(source)
+    if map_type == BPF_MAP_TYPE_RINGBUF:
         return RingBufferSource(source)
+    if map_type == BPF_MAP_TYPE_ARRAY_OF_MAPS:
+        return RingBufferArraySource(source)
     return PerfEventArraySource(source)
 
 
@@ -311,7 +322,7 @@ class ReaderOptions:
                 "cpus= and map_keys= choose the rings of a Linux perf event array; none of "
                 f"these maps is one ({', '.join(names)})"
             )
-        sized = [not isinstance(s, RingBufferSource) for s in sources]
+        sized = [not isinstance(s, RingBufferSource | RingBufferArraySource) for s in sources]
         size = ring_data_bytes(pages, ring_bytes)
         if size is not None and not any(sized):
             raise UnsupportedError(

@@ -4,9 +4,10 @@ A source owns rings and their readiness handles; the reader (``_reading/reader.p
 takes spans out of the rings and applies the one policy; drivers wait on the
 handles and call the reader. A backend plugs in by implementing
 ``RingSource`` (public as ``aperf.abc``): the Linux perf event array
-(``perf/source.py``), the BPF ring buffer (``ringbuf/source.py``), eBPF for
-Windows' perf event array (``windows/perf.py``) and
-``aperf.testing.FakeRingSource`` (``perf/fake.py``) are the four aperf ships.
+(``perf/source.py``), the BPF ring buffer (``ringbuf/source.py``), an array of
+BPF ring buffers (``ringbuf/array.py``), eBPF for Windows' perf event array
+(``windows/perf.py``) and ``aperf.testing.FakeRingSource`` (``perf/fake.py``) are
+the five aperf ships.
 A record format splits a span into ``Segment``s, the format-neutral pieces
 defined here.
 
@@ -103,7 +104,8 @@ class Ring(Protocol):
 
     key: int
     """The ring's id: the CPU for a perf event array (what ``Sample.cpu`` says); -1 for a
-    BPF ring buffer, one ring for every CPU."""
+    BPF ring buffer, one ring for every CPU; the slot (the CPU) of a ring in an array of
+    ring buffers."""
 
     handle: int
     """Its readiness handle (several rings may share one)."""

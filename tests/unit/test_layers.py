@@ -45,14 +45,14 @@ INSIDE = {
     "_decoding": {"layout": 0, "decode": 1, "encode": 2},
     "_arrow": {"schema": 0, "columns": 1, "builder": 2},
     "_recording": {"layouts": 0, "files": 1, "writer": 2, "replay": 2, "record": 3},
-    "_bpf": {"map_types": 0, "btf": 0, "object": 1},
+    "_bpf": {"map_types": 0, "btf": 0, "header": 0, "object": 1},
     # The seam (the protocols and the segment types every format hands the reader) sits
     # under the formats and sources that implement it; Windows' ring buffer reads with
     # the ring buffer format.
     "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "perf": 2, "ringbuf": 2,
                "windows": 3},
     "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
-    "_rings.ringbuf": {"format": 0, "source": 1, "user_format": 1},
+    "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
     "_rings.windows": {"perf": 0, "ringbuf": 1},
     "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
                  "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
@@ -85,7 +85,8 @@ NATIVE_USERS = {
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
-MAP_SOURCES = ("_rings.perf.source", "_rings.ringbuf.source", "_rings.windows")
+MAP_SOURCES = ("_rings.perf.source", "_rings.ringbuf.source", "_rings.ringbuf.array",
+               "_rings.windows")
 
 
 def module_of(path: Path) -> str:
