@@ -54,8 +54,9 @@ class FlatOut:
                 break
     """)
 
-    def __init__(self, producers: list[Producer]) -> None:
+    def __init__(self, producers: list[Producer], *, target: int = 0) -> None:
         self._producers = producers
+        self._target = target  # 0: the perf event array, 1: the BPF ring buffer
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
@@ -64,7 +65,7 @@ class FlatOut:
             for cpu in CPUS:
                 # count, size, first_seq, target (perf), rb_flags, discard_every, perf_flags
                 producer.object.maps["config"].update(struct.pack("<I", cpu), struct.pack(
-                    "<7Q", RUN, 32, 0, 0, 0, 0, 0))
+                    "<7Q", RUN, 32, 0, self._target, 0, 0, 0))
                 self._processes.append(subprocess.Popen(
                     [sys.executable, "-c", self.SCRIPT, str(prog), str(cpu)],
                     stdin=subprocess.PIPE, pass_fds=[prog]))
@@ -220,3 +221,34 @@ def test_what_a_perf_buffer_closed_took_out_of_the_rings_is_handed_over_after(
     producer.emit(3, cpu=0)
     again.close()
     assert again.poll(1000) == 3 and len(got) == 18
+
+
+@pytest.mark.anyio
+async def test_a_ring_buffer_keeps_what_comes_after_the_close_for_its_next_reader(
+    kernel: None,
+) -> None:
+    """A BPF ring buffer has no slots to empty: its ring is the map's memory, which the
+    close does not free. What the producers write after the close's drain stays there,
+    and the next reader of the map gets it: delivered by both == accepted, exactly."""
+    counts = [0, 0]
+    with Producer(ring="ringbuf", ringbuf_bytes=1 << 20) as producer:
+        flat = FlatOut([producer], target=1)
+        try:
+            async with aperf.PerfStream(producer.map, max_pending=MAX_PENDING) as stream:
+                flat.start()
+                async for batch in stream.batches():
+                    counts[0] += sum(isinstance(e, aperf.Sample) for e in batch)
+                    if counts[0] and not stream.closed:
+                        await stream.aclose()  # the producers write on meanwhile
+        finally:
+            flat.stop()
+        accepted = producer.counters().ok
+        assert accepted > counts[0]  # written after the close's drain
+
+        def count(_: aperf.Sample[Any]) -> None:
+            counts[1] += 1
+
+        with aperf.PerfBuffer(producer.map, on_sample=count) as pb:
+            while pb.consume():
+                pass
+    assert counts[0] + counts[1] == accepted
