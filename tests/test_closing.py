@@ -1,6 +1,6 @@
 """Closing while the producers write: nothing the kernel accepted is left behind.
 
-Producers write flat out on both CPUs (a thread pinned to each CPU per map, in runs
+Producers write flat out on both CPUs (a process pinned to each CPU per map, in runs
 of the deterministic producer) while the stream closes, and go on after it. The BPF
 side counts its outputs that succeeded, those that found the ring full (the kernel
 counts them too) and those that found the map slot empty (``no_ring``: after the
