@@ -23,6 +23,8 @@ The modules, in the order events flow through them:
   charts them);
 - ``access``: who may ask: the Host names served, the token (made at start unless
   ``--token-file`` or ``--no-token``), browser sessions;
+- ``connections``: what connections may cost: a deadline for request heads, a limit,
+  file descriptors kept for the rings;
 - ``app``: the Starlette routes and lifespan; ``static/``: the live page;
 - ``cli``: options, logging, start-up checks (each failure is one line on
   stderr and exit status 1), uvicorn.

@@ -43,10 +43,18 @@ from .access import (
 from .app import (
     DEFAULT_REPLAY,
     HEARTBEAT_SECONDS,
+    MAX_CLIENTS,
     SHUTDOWN_SECONDS,
     Settings,
     create_app,
     with_security_headers,
+)
+from .connections import (
+    BACKLOG,
+    HEADER_TIMEOUT,
+    MAX_CONNECTIONS,
+    DescriptorLimitError,
+    reserve_descriptors,
 )
 from .source import TraceSource
 
@@ -219,6 +227,7 @@ positive_seconds = checked(float, lambda v: v > 0 and math.isfinite(v),
 seconds = checked(float, lambda v: v >= 0 and math.isfinite(v),
                   "a number of seconds (0 or more)", "seconds")
 replay_window = checked(int, lambda v: v >= 2, "a number of events, 2 or more", "count")
+positive_count = checked(int, lambda v: v >= 1, "a positive number", "count")
 
 
 def allowed_host(text: str) -> str:
@@ -226,6 +235,18 @@ def allowed_host(text: str) -> str:
         return host_pattern(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Options of sessions and connections (access.py, connections.py): flag, default, meaning.
+LIMITS: tuple[tuple[str, float, str], ...] = (
+    ("--session-rotate", SESSION_ROTATE, "seconds after which a browser's session id is "
+     "replaced by a new one"),
+    ("--max-connections", MAX_CONNECTIONS, "connections held at once; one more pushes out the "
+     "oldest one yet to send a request"),
+    ("--max-clients", MAX_CLIENTS, "event streams at once, fewer than --max-connections; one "
+     "more gets 503"),
+    ("--header-timeout", HEADER_TIMEOUT, "seconds a connection has to send a request head"),
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -249,9 +270,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--secure-cookie", action="store_true",
                         help="mark the session cookie Secure: browsers send it over HTTPS only "
                         "(behind a TLS proxy)")
-    parser.add_argument("--session-rotate", type=positive_seconds, default=SESSION_ROTATE,
-                        metavar="S", help="seconds after which a browser's session id is "
-                        f"replaced by a new one (default {SESSION_ROTATE:g})")
+    for flag, default, what in LIMITS:
+        parser.add_argument(flag, type=positive_seconds if isinstance(default, float) else
+                            positive_count, default=default,
+                            metavar="S" if isinstance(default, float) else "N",
+                            help=f"{what} (default {default:g})")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("-d", "--duration", type=non_negative, default=0, metavar="MS",
                         help="report only exits of processes that ran at least MS milliseconds")
@@ -336,12 +359,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         hosts = served_hosts(args.host, args.allowed_host)
     except ValueError as exc:
         return fail(f"argument --host: {exc}")
+    if args.max_clients >= args.max_connections:
+        return fail(f"--max-clients {args.max_clients} must be less than --max-connections "
+                    f"{args.max_connections}: event streams would leave no connection for "
+                    "the other routes")
     token = None
     if args.token_file is not None:
         try:
             token = read_token(args.token_file)
         except TokenFileError as exc:
             return fail(str(exc))
+    try:
+        reserve_descriptors(args.max_connections)
+    except DescriptorLimitError as exc:
+        return fail(str(exc))
 
     # What usually goes wrong is said in one line, before the server starts.
     reason = missing_privileges()
@@ -377,11 +408,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout, allowed_hosts=tuple(hosts), token=token,
         session_rotate=args.session_rotate, secure_cookie=args.secure_cookie,
+        max_clients=args.max_clients, max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
     )
     app = create_app(settings)
     config = uvicorn.Config(
         with_security_headers(app), host=args.host, port=args.port, loop=args.loop,
         lifespan="on", log_config=None, log_level=args.log_level,
+        # h11 under the guard: a deadline for request heads, a cap on connections
+        # (connections.py); heads of at most h11's 16 KiB.
+        http=app.state.guard.protocol(), backlog=BACKLOG,
         # sse-starlette ends the streams of clients that stopped reading after
         # --shutdown-timeout (create_app); their sockets, which cannot drain, are
         # dropped a second later, when uvicorn stops waiting for connections. Were
