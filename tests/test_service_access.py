@@ -320,7 +320,9 @@ def test_session_ids_are_short_lived_and_a_copied_one_ends_the_session(
     tracefs: None, tmp_path: Path
 ) -> None:
     token = secrets.token_urlsafe(32)
-    svc = Service(tmp_path / "service.log", "--session-rotate", "1", token=token)
+    # Ids replaced after 2 s, dead after 4 s unused: the test polls every 0.1 s, and would
+    # have to stall for 2 s to see its own id die.
+    svc = Service(tmp_path / "service.log", "--session-rotate", "2", token=token)
     try:
         svc.wait_ready()
         with httpx.Client(base_url=svc.base, timeout=TIMEOUT) as user, \
@@ -330,7 +332,7 @@ def test_session_ids_are_short_lived_and_a_copied_one_ends_the_session(
             assert user.get("/health").status_code == 200
             copied = first  # what another program took from the browser
 
-            # The user's id is replaced once it is a second old, at its next use.
+            # The user's id is replaced once it is two seconds old, at its next use.
             deadline = time.monotonic() + TIMEOUT
             while (renewed := session_cookie(user.get("/health"))) is None:
                 assert time.monotonic() < deadline, "the session id was never replaced"
@@ -338,8 +340,8 @@ def test_session_ids_are_short_lived_and_a_copied_one_ends_the_session(
             assert renewed != first and user.cookies[COOKIE] == renewed
             assert user.get("/health").status_code == 200
 
-            # The copy works for the grace (a second here) at most; used after it, it ends
-            # the session for both holders.
+            # The copy works for the grace (two seconds here) at most; used after it, it
+            # ends the session for both holders.
             deadline = time.monotonic() + TIMEOUT
             while health_with_session(thief, copied) == 200:
                 assert time.monotonic() < deadline, "the copied session id was never refused"
