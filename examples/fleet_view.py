@@ -55,6 +55,8 @@ async def view(args: argparse.Namespace) -> int:
             decoder=decoder, subject=f"aperf.*.{TRACER}", host_keys=args.nats_host_keys,
             **_natsargs.keywords(args),
         )
+    except FleetConfigError:  # --nats-host-keys that cannot be read: said as it is
+        raise
     except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
         raise FleetConfigError("--nats", str(exc)) from None
     out = await LineOutput.open()

@@ -346,7 +346,7 @@ class FleetReader:
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             if self._closed:
                 return []
-            self._note_problem(exc)
+            self._note_problem(exc, "fetch failed, retrying")
             await asyncio.sleep(_RETRY_PAUSE)
             return []
 
@@ -367,8 +367,7 @@ class FleetReader:
             if self._intake.wants_stream_state():
                 first_seq = (await js.stream_info(self._jetstream)).state.first_seq
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
-            log.debug("fleet reader: cannot ask about holes yet", durable=self._durable,
-                      error=str(exc))
+            self._note_problem(exc, "cannot ask the consumer about holes, retrying")
             return False
         in_flight = (info.num_ack_pending or 0) - self._unacked
         if in_flight > 0:
@@ -383,12 +382,11 @@ class FleetReader:
     def _on_error(self, exc: Exception) -> None:
         log.debug("fleet reader: NATS error", durable=self._durable, error=str(exc))
 
-    def _note_problem(self, exc: BaseException) -> None:
+    def _note_problem(self, exc: BaseException, what: str) -> None:
         text = f"{type(exc).__name__}: {exc}"
         if text != self._last_problem:  # once per kind of trouble, not once per retry
             self._last_problem = text
-            log.warning("fleet reader: fetch failed, retrying", durable=self._durable,
-                        error=text)
+            log.warning(f"fleet reader: {what}", durable=self._durable, error=text)
 
     # --- introspection -----------------------------------------------------------------
 
