@@ -499,6 +499,42 @@ async def test_a_cancelled_or_timed_out_anext_does_not_end_the_reader(
 
 
 @pytest.mark.asyncio
+async def test_a_timeout_around_anext_holds_while_the_reader_asks_the_consumer(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reader asks the consumer about holes (here: the run's end of stream is to be
+    settled) with nats-py requests, which wait with ``asyncio.wait_for``: on Python
+    3.11 a cancellation that meets their answer is swallowed, and the consumer's
+    timeout never fired (``fleet_view`` ignored SIGTERM). The question now runs in the
+    reader's own task; here one that swallows every cancellation, as that race does."""
+    url = nats_server.url
+    await create_stream(url)
+    async with JetStreamSink(url, host="h", name="s") as sink:
+        await sink.send([seq_sample(0, 0)])
+    asked = asyncio.Event()
+    original = nats.js.JetStreamContext.consumer_info
+
+    async def swallowing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as wait_for can
+            await asyncio.sleep(1.0)
+        return await original(self, *args, **kwargs)
+
+    async with FleetReader(url, durable="asks", decoder=SEQ_TS) as reader:
+        events = aiter(reader)
+        assert (await asyncio.wait_for(anext(events), 30)).event.value.seq == 0
+        monkeypatch.setattr(nats.js.JetStreamContext, "consumer_info", swallowing)
+
+        async def cut_short() -> str:
+            with pytest.raises(asyncio.TimeoutError):  # the end of stream: nothing to hand
+                await asyncio.wait_for(anext(events), 0.3)
+            return "the timeout held"
+
+        assert await asyncio.wait_for(cut_short(), 30) == "the timeout held"
+        assert asked.is_set()  # it was asking when the timeout came
+
+
+@pytest.mark.asyncio
 async def test_samples_arrive_exactly_once(producer: Producer, nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -64,6 +64,10 @@ _RETRY_PAUSE = 0.2  # seconds between fetches while the server is away
 _SETTLE_EVERY = 1.0  # seconds between two questions to the consumer about holes
 DEFAULT_FETCH_BYTES = 8 << 20
 T = TypeVar("T")
+
+
+def _nothing(_: Any) -> None:
+    pass
 
 
 class FleetReader:
@@ -166,11 +170,16 @@ class FleetReader:
         self._nc: Client | None = None
         self._psub: JetStreamContext.PullSubscription | None = None
         self._fetched: deque[Msg] = deque()  # fetched, not yet given to the intake
-        self._fetching: asyncio.Task[list[Msg]] | None = None
+        # The reader's own task, one at a time: acknowledgements to send, a fetch, or a
+        # question to the consumer about holes. Every wait on the network is in it, so a
+        # consumer's cancelled anext() cancels only its wait for the task (nats-py's
+        # requests wait with wait_for, which can swallow a cancellation).
+        self._task: asyncio.Task[Any] | None = None
+        self._task_done: Callable[[Any], None] = _nothing
         self._fetch_n = 1  # messages per fetch: batch, fewer while they are large
         self._unacked = 0  # messages received and not acknowledged
         self._to_ack: deque[Msg] = deque()
-        self._settled_at = -1e9  # when the consumer was last asked about holes
+        self._asked_at = -1e9  # when the consumer was last asked about holes
         self._closed = False
         self._last_problem = ""
 
@@ -242,11 +251,16 @@ class FleetReader:
             # done with too; the first that gives events stops it, unacknowledged.
             while self._fetched and not self._intake.busy:
                 self._accept(self._fetched.popleft())
-                self._to_ack.extend(self._intake.released())
-            await self._ack_released()
+            task = self._task
+            if task is not None:
+                if self._task_done is not _nothing:  # a fetch (what it was bringing is
+                    task.cancel()  # redelivered) or a question: only acks are waited for
+                await asyncio.wait((task,))
+            self._to_ack.extend(self._intake.released())
+            await self._send_acks()
         finally:
-            if self._fetching is not None:
-                self._fetching.cancel()  # what it was bringing is redelivered
+            if self._task is not None:
+                self._task.cancel()
             await nc.close()
         log.info("fleet reader closed", durable=self._durable,
                  messages=self._intake.counts.messages)
@@ -272,23 +286,40 @@ class FleetReader:
             raise FleetClosedError("open the FleetReader first (async with, or await open())")
 
     async def _step(self, n: int) -> list[FleetEvent] | None:
-        """Up to ``n`` events; None once closed with nothing left. Every await here
-        may be cancelled: what was fetched stays on the reader."""
+        """Up to ``n`` events; None once closed with nothing left. The only await is on
+        the reader's own task: a cancelled caller leaves it running, and the next call
+        takes what it did, so nothing fetched is lost and no cancellation swallowed."""
         intake = self._intake
         while True:
-            await self._ack_released()
+            to_ack = self._to_ack
+            to_ack.extend(intake.released())  # the consumer came back: done with those
+            if to_ack and self._task is None:
+                self._start(self._send_acks(), _nothing)  # sent while events are handed out
             events = intake.hand(n)
             if events:
                 return events
-            await self._ack_released()  # messages that gave no events
-            if self._fetched:
+            if self._task is not None:
+                await self._wait_for_task()
+            elif self._fetched:
                 self._accept(self._fetched.popleft())
-                continue
-            if self._closed:
+            elif self._closed:
                 return None
-            if intake.unsettled() and await self._settle():
-                continue
-            await self._fetch()
+            elif intake.unsettled() and self._may_ask():
+                self._start(self._ask(), self._asked)
+            else:
+                self._start(self._fetch_once(self._fetch_n), self._took)
+
+    def _start(self, work: Coroutine[Any, Any, Any], done: Callable[[Any], None]) -> None:
+        self._task = asyncio.ensure_future(work)
+        self._task_done = done
+
+    async def _wait_for_task(self) -> None:
+        task = self._task
+        assert task is not None
+        await asyncio.wait((task,))
+        self._task, done = None, self._task_done
+        if not task.cancelled():
+            done(task.result())  # (its exception, if any, raised here)
 
     def _accept(self, msg: Msg) -> None:
         try:
@@ -298,9 +329,8 @@ class FleetReader:
             seq, delivered = 0, 1
         self._intake.accept(Delivery(msg.subject, msg.data, msg.headers, seq, delivered, msg))
 
-    async def _ack_released(self) -> None:
+    async def _send_acks(self) -> None:
         to_ack = self._to_ack
-        to_ack.extend(self._intake.released())
         while to_ack:
             try:
                 await to_ack[0].ack()
@@ -312,17 +342,8 @@ class FleetReader:
             to_ack.popleft()
             self._unacked -= 1
 
-    async def _fetch(self) -> None:
-        """Wait for the reader's fetch (started if none runs) and keep what it brings.
-        A cancelled caller leaves it running: the next call takes its messages."""
-        task = self._fetching
-        if task is None:
-            task = self._fetching = asyncio.ensure_future(self._fetch_once(self._fetch_n))
-        await asyncio.wait((task,))
-        self._fetching = None
-        if task.cancelled():
-            return  # closed
-        msgs = task.result()
+    def _took(self, msgs: list[Msg]) -> None:
+        """Keep what a fetch brought; fetch fewer messages next time if they are large."""
         if msgs:
             self._unacked += len(msgs)
             self._fetched.extend(msgs)
@@ -350,13 +371,17 @@ class FleetReader:
             await asyncio.sleep(_RETRY_PAUSE)
             return []
 
-    async def _settle(self) -> bool:
-        """Let the intake report its holes if no message the consumer delivered is
-        on its way to this reader (asked at most once a ``_SETTLE_EVERY``); whether it did."""
-        loop = asyncio.get_running_loop()
-        if loop.time() - self._settled_at < _SETTLE_EVERY:
+    def _may_ask(self) -> bool:
+        """At most one question to the consumer about holes a ``_SETTLE_EVERY``."""
+        now = asyncio.get_running_loop().time()
+        if now - self._asked_at < _SETTLE_EVERY:
             return False
-        self._settled_at = loop.time()
+        self._asked_at = now
+        return True
+
+    async def _ask(self) -> tuple[int, int | None] | None:
+        """How many messages the consumer delivered and has not had acknowledged, and the
+        stream's first sequence if the intake needs it; None if it did not answer."""
         nc = self._nc
         assert nc is not None
         js = nc.jetstream()
@@ -368,16 +393,23 @@ class FleetReader:
                 first_seq = (await js.stream_info(self._jetstream)).state.first_seq
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             self._note_problem(exc, "cannot ask the consumer about holes, retrying")
-            return False
-        in_flight = (info.num_ack_pending or 0) - self._unacked
+            return None
+        return info.num_ack_pending or 0, first_seq
+
+    def _asked(self, answer: tuple[int, int | None] | None) -> None:
+        """Let the intake report its holes if no message the consumer delivered is on its
+        way to this reader."""
+        if answer is None:
+            return
+        ack_pending, first_seq = answer
+        in_flight = ack_pending - self._unacked  # (no ack or fetch ran meanwhile)
         if in_flight > 0:
             # Delivered and not in this reader's hands: lost on the way (redelivered
             # after ack_wait), in flight, or held by another reader of the durable.
             log.debug("fleet reader: holes wait for messages on their way",
                       durable=self._durable, in_flight=in_flight)
-            return False
+            return
         self._intake.settle(first_seq)
-        return True
 
     def _on_error(self, exc: Exception) -> None:
         log.debug("fleet reader: NATS error", durable=self._durable, error=str(exc))
