@@ -19,7 +19,8 @@ refused (``Malformed``: not aperf's, or forged) go to stderr. The
 durable consumer (``--durable``) remembers where the viewer stopped: a second
 run continues there. Create the JetStream stream once, before the tracers start:
 ``python -m aperf.fleet create-stream --nats URL``. Ctrl-C or SIGTERM stops it.
-The ``--nats-*`` options give credentials and TLS (docs/fleet.md, Security). When it
+The ``--nats-*`` options give credentials and TLS (docs/fleet.md, Security), and
+``--nats-host-keys`` the hosts' public keys: then only signed events are shown. When it
 cannot start (no server, no stream, credentials refused, a cluster without quorum
 for ``--nats-wait`` seconds) it prints one line and exits with status 2.
 """
@@ -51,8 +52,11 @@ async def view(args: argparse.Namespace) -> int:
     try:
         reader = FleetReader(
             _natsargs.servers(args.nats), jetstream=args.jetstream, durable=args.durable,
-            decoder=decoder, subject=f"aperf.*.{TRACER}", **_natsargs.keywords(args),
+            decoder=decoder, subject=f"aperf.*.{TRACER}", host_keys=args.nats_host_keys,
+            **_natsargs.keywords(args),
         )
+    except FleetConfigError:  # --nats-host-keys that cannot be read: said as it is
+        raise
     except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
         raise FleetConfigError("--nats", str(exc)) from None
     out = await LineOutput.open()
@@ -116,6 +120,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--object", type=Path, default=shipped_object(), metavar="PATH",
         help="the tracer's BPF object, for its BTF (default: the one aperf ships)",
+    )
+    parser.add_argument(
+        "--nats-host-keys", metavar="PATH",
+        help="show only events signed by their host's key: a file of '<host> ssh-ed25519 "
+        "<base64>' lines (python -m aperf.fleet keygen prints them); others are refused",
     )
     _natsargs.add_arguments(parser)
     return parser.parse_args(argv)

@@ -1,4 +1,5 @@
 """``python -m aperf.fleet create-stream --nats URL``: make the JetStream stream a fleet uses.
+``python -m aperf.fleet keygen --host NAME --key PATH``: a host's signing key.
 
 Exit status: 0 done, 1 the server could not do it (not there, no JetStream, no
 quorum, refused the change), 2 bad options or credentials the server refused.
@@ -52,7 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(new stream: 1)",
     )
     add_arguments(create)
+    keygen = commands.add_parser(
+        "keygen", help="make a host's Ed25519 signing key (JetStreamSink(signing_key=...))",
+        description="Write a new Ed25519 private key to --key (PEM, mode 0600; an existing "
+        "file is never overwritten) and print the line readers add to their hosts file "
+        "(FleetReader(host_keys=PATH), fleet_view --nats-host-keys PATH).",
+    )
+    keygen.add_argument("--host", required=True, metavar="NAME",
+                        help="the host name the sink publishes as (its --host)")
+    keygen.add_argument("--key", required=True, metavar="PATH", help="where to write the key")
     args = parser.parse_args(argv)
+    if args.command == "keygen":
+        return _keygen(args.host, args.key)
     quiet_tls_eof()
     one_line_warnings("aperf.fleet")
     given = {
@@ -79,6 +91,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"stream {config.name} takes {', '.join(config.subjects or [])}: "
         f"{config.num_replicas} replica(s), {limit} limit", file=sys.stderr,
     )
+    return 0
+
+
+def _keygen(host: str, path: str) -> int:
+    from ._args import name_problem
+    from ._signing import new_key, public_line, write_key
+
+    problem = name_problem(host)
+    if problem:
+        print(f"aperf.fleet: --host: the host name {problem}", file=sys.stderr)
+        return 2
+    key = new_key()
+    try:
+        write_key(key, path)
+    except OSError as exc:
+        print(f"aperf.fleet: --key: cannot create {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(public_line(host, key))
     return 0
 
 

@@ -284,12 +284,14 @@ async def open_sink(args: argparse.Namespace) -> Any:
     try:
         sink = JetStreamSink(
             _natsargs.servers(args.nats), host=args.host, name=FLEET_STREAM,
-            **_natsargs.keywords(args),
+            signing_key=args.nats_signing_key, **_natsargs.keywords(args),
         )
         await sink.open()
     except FleetAuthError as exc:
         raise OptionError(f"--nats: {exc}") from None
     except FleetConfigError as exc:
+        if exc.argument == "signing_key":
+            raise OptionError(f"--nats-signing-key: {exc}") from None
         raise SetupError(f"--nats: {exc}") from None
     except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
         raise OptionError(f"--nats: {exc}") from None
@@ -479,6 +481,12 @@ def parse_args(
         parser.add_argument(
             "--host", default=socket.gethostname(), metavar="NAME",
             help="the host name published with --nats (default: this machine's)",
+        )
+        parser.add_argument(
+            "--nats-signing-key", metavar="PATH",
+            help="sign every event published with --nats with this host's Ed25519 key (a "
+            "file only root may read; python -m aperf.fleet keygen makes one), so that "
+            "readers given its public key know them for this host's (docs/fleet.md)",
         )
         _natsargs.add_arguments(parser)
     args = parser.parse_args(argv)
