@@ -1,4 +1,5 @@
-"""``python -m aperf COMMAND ...``: aperf's tools. One so far: ``trace`` (also ``aperf-trace``)."""
+"""``python -m aperf COMMAND ...``: aperf's tools: ``trace`` (also ``aperf-trace``) and
+``doctor`` (what this machine has of what aperf needs)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ USAGE = """usage: python -m aperf COMMAND [ARGS...]
 
 commands:
   trace    trace process exec and exit events (the same as aperf-trace)
+  doctor   check what this machine and process have of what aperf needs (--json)
 
 python -m aperf trace --help shows the tracer's options."""
 
@@ -19,6 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._tools.trace.cli import main as trace
 
         return trace(args[1:], command="python -m aperf trace")
+    if args and args[0] == "doctor":
+        from ._tools.doctor import main as doctor
+
+        return doctor(args[1:])
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0

@@ -177,6 +177,13 @@ def set_map_initial_value(map_ptr: int, data: bytes) -> None:
     c.bpf_map__set_initial_value(map_ptr, data, len(data))
 
 
+def create_map(map_type: int, name: str, key_size: int, value_size: int,
+               max_entries: int) -> int:
+    """A new map's fd (the caller closes it), with no BTF."""
+    return int(c.bpf_map_create(map_type, name.encode()[:15], key_size, value_size,
+                                max_entries, None))
+
+
 # --- map elements: every size checked before the syscall reads or writes our memory ---
 
 PER_CPU_MAP_TYPES = frozenset({5, 6, 10, 21})

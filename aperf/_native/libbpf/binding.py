@@ -173,6 +173,10 @@ bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.
 bpf_map__key_size = plain_fn("bpf_map__key_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__set_max_entries = int_fn("bpf_map__set_max_entries", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map_create = int_fn(
+    "bpf_map_create", ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+    ctypes.c_uint32, ctypes.c_void_p,
+)
 bpf_map__initial_value = plain_fn(
     "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
 )

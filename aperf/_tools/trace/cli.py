@@ -356,6 +356,12 @@ def parse_args(
         help="read the CPUs' rings in N processes (at most one per online CPU), for hosts "
         "where one process cannot keep up; the tracer is loaded once",
     )
+    parser.add_argument(
+        "--doctor", action="store_true",
+        help="check what this machine and this process have of what the tracer needs, say "
+        "what to do about the rest, and exit (status 1 if something required is missing; "
+        "with --json, as JSON)",
+    )
     # A shard of --shards N: the pinned map and the CPUs it reads (set by the parent).
     parser.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shard-cpus", default=None, help=argparse.SUPPRESS)
@@ -450,6 +456,10 @@ def main(
     """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program;
     ``fleet``: whether it takes ``--nats`` and ``--host``."""
     args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
+    if args.doctor:
+        from ..doctor import main as doctor
+
+        return doctor(["--json"] * args.json, prog=f"{command} --doctor", tracer=True)
     configure_logging(args.verbose)
 
     def fail(message: str, status: int = 1) -> int:
