@@ -25,6 +25,7 @@ FLOORS = {
     "_drivers": 7,
     "__init__": 8, "abc": 8, "decoders": 8, "testing": 8,  # the public API
     "fleet": 9,  # public too, built on the API above
+    "pytest_plugin": 9,  # aperf.testing's fixtures for pytest (entry point pytest11)
     "_tools": 10,  # commands
     "__main__": 11, "fleet.__main__": 11,
 }
