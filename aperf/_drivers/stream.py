@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
+from .._naming import Subscriptable
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
@@ -55,7 +56,7 @@ def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     return hand_over
 
 
-class PerfStream(Generic[T]):
+class PerfStream(Subscriptable[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
 
@@ -685,7 +686,7 @@ class PerfStream(Generic[T]):
         NumPy array taken out of one and kept still shows its own records and holds
         its ring space until it is dropped (``.copy()`` what you keep). Needs NumPy
         and a decoder with a layout, as ``arrays()`` does. See docs/columnar.md,
-        "Leases".
+        "Leases: arrays in the ring itself".
         """
         max_rows = _check_max_rows(max_rows)
         reader = self._require_open()
