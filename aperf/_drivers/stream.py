@@ -109,7 +109,8 @@ class PerfStream(Subscriptable[T]):
         cpus: the CPUs to open rings on (a perf event array only; default: every online
             CPU whose id is a slot of the map). A CPU that is not possible on the host,
             or offline at open, is an ``ArgumentError``; samples the BPF program emits on
-            another CPU find an empty slot and fail there with ``-ENOENT``
+            another CPU find an empty slot and fail there with ``-ENOENT``, counted by the
+            BPF side only, never in this stream's ``Lost`` or ``statistics()``
             (docs/rings.md, "Some CPUs, or several channels per CPU").
         map_keys: index for index with ``cpus``, the map slot of each ring instead of its
             CPU id (a BPF program picks it with ``BPF_F_INDEX_MASK``: several channels per
