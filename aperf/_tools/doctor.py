@@ -15,7 +15,6 @@ import errno
 import json
 import os
 import platform
-import resource
 import stat
 import textwrap
 from collections.abc import Callable, Sequence
@@ -273,6 +272,10 @@ def check_bpffs(mounted: dict[str, str], where: Path = BPFFS) -> Check:
 def check_memlock(caps: int | None, cpus: int,
                   mlock_kb_path: str = "/proc/sys/kernel/perf_event_mlock_kb") -> Check:
     title = "locked memory"
+    try:
+        import resource  # not on Windows
+    except ImportError:
+        return Check("memlock", title, "skip", False, "no RLIMIT_MEMLOCK on this platform")
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
 
     def shown(limit: int) -> str:
