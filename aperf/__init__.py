@@ -10,8 +10,10 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 - ``_waiting/``: how a driver waits (asyncio, uvloop, trio, epoll, Windows handles)
 - ``_decoding/``: C layouts, decoders and their inverse, sans I/O
 - ``_bpf/``: BPF objects, and everything read from BTF
+- ``_arrow/``: a decoder's layout as an Arrow schema; arrays and events as record batches
 - ``_rings/``: the ring-source seam (public as ``aperf.abc``) and the sources with their
   record formats: ``perf/``, ``ringbuf/``, ``windows/`` (and ``FakeRingSource``)
+- ``_recording/``: streams written to Parquet files, read back, and replayed as a source
 - ``_reading/``: the one reading policy (queue, dispatch, backpressure) and its parts
 - ``_drivers/``: ``PerfStream``, ``PerfBuffer``, ``UserRingBuffer`` and what they share;
   they only wait, then call the reader
@@ -20,7 +22,10 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 
 from . import abc as abc
 from . import decoders as decoders
+from ._arrow.builder import ArrowBuilder as ArrowBuilder
+from ._bpf.header import include_dir as include_dir
 from ._bpf.object import BPFObject as BPFObject
+from ._bpf.object import BufferChoice as BufferChoice
 from ._bpf.object import Link as Link
 from ._bpf.object import Map as Map
 from ._bpf.object import Program as Program
@@ -35,15 +40,19 @@ from ._errors import BrokenRingError as BrokenRingError
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ClosedResourceError as ClosedResourceError
 from ._errors import DecodeError as DecodeError
+from ._errors import DecoderMismatchError as DecoderMismatchError
 from ._errors import GlobalValueError as GlobalValueError
 from ._errors import LibbpfError as LibbpfError
 from ._errors import LibbpfUnavailableError as LibbpfUnavailableError
 from ._errors import MapTypeError as MapTypeError
+from ._errors import MissingExtraError as MissingExtraError
 from ._errors import MissingPrivilegesError as MissingPrivilegesError
 from ._errors import ObjectError as ObjectError
 from ._errors import ObjectFileError as ObjectFileError
 from ._errors import ObjectStateError as ObjectStateError
 from ._errors import PinnedPathError as PinnedPathError
+from ._errors import RecordingError as RecordingError
+from ._errors import RecordingFormatError as RecordingFormatError
 from ._errors import RingFullError as RingFullError
 from ._errors import RingSizeError as RingSizeError
 from ._errors import TakenOverError as TakenOverError
@@ -63,6 +72,12 @@ from ._native.libbpf import libbpf_version as libbpf_version
 from ._native.libbpf import set_libbpf_verbose as set_libbpf_verbose
 from ._options import DEFAULT_PAGES as DEFAULT_PAGES
 from ._options import Wakeup as Wakeup
+from ._recording.files import Recording as Recording
+from ._recording.replay import ReplaySource as ReplaySource
+from ._recording.replay import replay as replay
+from ._recording.writer import Recorder as Recorder
+from ._recording.writer import RecorderStatistics as RecorderStatistics
+from ._rings.ringbuf.array import RingBufferArraySource as RingBufferArraySource
 from ._rings.ringbuf.format import NO_CPU as NO_CPU
 from ._rings.ringbuf.source import RingBufferSource as RingBufferSource
 
@@ -73,13 +88,16 @@ __all__ = [
     "NO_CPU",
     "AperfError",
     "ArgumentError",
+    "ArrowBuilder",
     "BPFObject",
     "BadSample",
     "BrokenRingError",
+    "BufferChoice",
     "BusyResourceError",
     "ClosedResourceError",
     "CpuStatistics",
     "DecodeError",
+    "DecoderMismatchError",
     "Event",
     "GlobalValueError",
     "LibbpfError",
@@ -88,6 +106,7 @@ __all__ = [
     "Lost",
     "Map",
     "MapTypeError",
+    "MissingExtraError",
     "MissingPrivilegesError",
     "ObjectError",
     "ObjectFileError",
@@ -96,6 +115,13 @@ __all__ = [
     "PerfStream",
     "PinnedPathError",
     "Program",
+    "Recorder",
+    "RecorderStatistics",
+    "Recording",
+    "RecordingError",
+    "RecordingFormatError",
+    "ReplaySource",
+    "RingBufferArraySource",
     "RingBufferSource",
     "RingFullError",
     "RingSizeError",
@@ -113,7 +139,9 @@ __all__ = [
     "abc",
     "closing_on_signals",
     "decoders",
+    "include_dir",
     "libbpf_version",
+    "replay",
     "set_libbpf_verbose",
 ]
 

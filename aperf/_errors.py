@@ -303,3 +303,55 @@ class RingFullError(AperfError, TimeoutError):
     Nothing of the message was written. A ``TimeoutError``: ``except TimeoutError``
     catches a timed-out [`UserRingBuffer.send`][aperf.UserRingBuffer.send].
     """
+
+
+# --- optional extras, recordings -------------------------------------------
+
+
+class MissingExtraError(AperfError, ImportError):
+    """What was asked for needs an optional extra that is not installed: ``extra`` names
+    it (``pip install 'aperf-bpf[EXTRA]'``), ``package`` the package it brings."""
+
+    def __init__(self, what: str, *, extra: str, package: str) -> None:
+        super().__init__(f"{what} needs {package}: pip install 'aperf-bpf[{extra}]'",
+                         name=package)
+        self.extra = extra
+        self.package = package
+
+
+class RecordingError(AperfError, OSError):
+    """A recording could not be written (or read): ``path`` is the file, ``errno`` and
+    ``strerror`` say why (``ENOSPC``: the disk is full; ``EACCES``: permission). What
+    it held is counted, never dropped silently (docs/recording.md)."""
+
+    def __init__(self, err: int, strerror: str, path: str, detail: str = "") -> None:
+        super().__init__(err, strerror, path)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        text = f"cannot write the recording file {self.filename}: {self.strerror}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+class RecordingFormatError(AperfError, ValueError):
+    """A file in a recording's directory is not an aperf recording, or is damaged (a
+    recording is untrusted input: it never crashes a reader). ``path`` names it."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class DecoderMismatchError(AperfError, TypeError):
+    """A recording replayed into a stream whose decoder is not the one it was recorded
+    with: ``recorded`` and ``given`` name both."""
+
+    def __init__(self, recorded: str, given: str, detail: str = "") -> None:
+        super().__init__(
+            f"this recording was made with decoder {recorded}, and the stream decodes with "
+            f"{given}: their layouts differ{f' ({detail})' if detail else ''}; replay it with "
+            "the recording's own decoder (aperf.replay(...).decoder) or the same struct"
+        )
+        self.recorded = recorded
+        self.given = given

@@ -297,18 +297,34 @@ class SampleArray:
     released (counted in ``statistics().late``).
     """
 
-    __slots__ = ("_source", "cpu", "cpus", "late", "map", "tails", "values")
+    __slots__ = ("_columns", "_source", "cpu", "cpus", "late", "map", "tails", "values")
     __match_args__ = ("cpu", "values", "tails")
 
     def __init__(self, cpu: int, values: Any, tails: Tails | None = None, *,
-                 map: str | None = None, _source: Any = None) -> None:
+                 map: str | None = None, _source: Any = None, _columns: Any = None) -> None:
         self.cpu = cpu
         self.values = values
         self.tails = tails
         self.map = map  # the map's name in a stream of several maps, else None
         self._source = _source  # the raw records, to rebuild Sample events from
+        self._columns = _columns  # what made it (its decoder): for to_arrow()
         self.cpus: Any = None  # per-row ring keys, for rows of several rings (ordered)
         self.late = False
+
+    def to_arrow(self) -> Any:
+        """These samples as a ``pyarrow.RecordBatch``: ``_cpu`` (each row's ring key),
+        ``_map`` (in a stream of several maps), ``_late``, then the decoder's fields typed
+        from its C layout (docs/arrow.md). Each fixed-width column is gathered once out of
+        the rows (the only copy) and that NumPy buffer is the Arrow buffer; nothing in
+        the batch views ring memory, so a batch made in a lease stays valid after it.
+
+        Needs pyarrow: ``aperf.MissingExtraError`` (an ImportError) naming the extra,
+        ``pip install 'aperf-bpf[arrow]'``, without it."""
+        columns = self._columns
+        if columns is None:
+            raise TypeError("this SampleArray was not made by a stream: its decoder, which "
+                            "the Arrow schema comes from, is unknown")
+        return columns.to_arrow(self)
 
     def __len__(self) -> int:
         return len(self.values)

@@ -60,6 +60,8 @@ RB_FORCE_WAKEUP = 2
 """``bpf_ringbuf_output`` flag: wake the reader for this record whatever its position."""
 _KEY = struct.Struct("<I")
 _SEQ_TS = struct.Struct("<QQ")
+_FAIL_RUNS = 2047  # struct failure_log in producer.bpf.c: u64 n, u64 reserved, runs[2047]
+_FAIL_RUN = struct.Struct("<QQ")  # first, count
 
 
 def object_path(name: str) -> str:
@@ -222,6 +224,28 @@ class Producer:
             struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(5)
         ]
         return ProducerCounters(*values)
+
+    def failures(self, cpu: int) -> list[range]:
+        """Where outputs failed on ``cpu`` since load (a full ring): each run of
+        consecutive failed sequence numbers as a ``range``, in the order they failed.
+
+        ``failed`` in ``counters()`` is their total over every CPU. RuntimeError if
+        ``cpu`` had more runs than the BPF side records (2047).
+        """
+        if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu < 0:
+            raise ValueError(f"cpu must be a CPU id (an int of at least 0), not {cpu!r}")
+        log_map = self._obj.maps["failures"]
+        slots = log_map.lookup(_KEY.pack(0))  # per CPU: one value each, possible CPUs
+        size = log_map.value_size
+        if (cpu + 1) * size > len(slots):
+            raise ValueError(f"cpu={cpu} is not a possible CPU")
+        log = memoryview(slots)[cpu * size : (cpu + 1) * size]
+        n = struct.unpack_from("<Q", log)[0]
+        if n > _FAIL_RUNS:
+            raise RuntimeError(f"CPU {cpu} had {n} runs of failed outputs; the producer "
+                               f"records the first {_FAIL_RUNS}")
+        return [range(first, first + count)
+                for first, count in _FAIL_RUN.iter_unpack(log[16 : 16 + n * _FAIL_RUN.size])]
 
     def close(self) -> None:
         """Close the BPF object (idempotent)."""

@@ -31,6 +31,12 @@
  * counters: [0] += successful outputs, [1] += failed outputs (helper < 0, or
  *           no room to reserve), [2]  = tag, [3] += 1 per accepted run,
  *           [4] += discarded records. ok + failed + discarded == samples asked for.
+ *
+ * failures: where outputs failed, per CPU (a per-CPU array of one struct
+ *           failure_log): each run of consecutive failed sequence numbers as
+ *           (first, count), in the order they failed (a failure right after the
+ *           last run's end extends it, across program runs too); n counts every
+ *           run, also those past the FAIL_RUNS recorded.
  */
 /* vmlinux.h has "typedef struct config_s config;", which would clash with
  * the map named "config" that user space looks up: rename it away. */
@@ -67,6 +73,20 @@ struct producer_config {
 	__u64 rb_flags;
 	__u64 discard_every;
 	__u64 perf_flags;
+};
+
+/* A per-CPU map value is at most 32 KiB: 16 + 2047 * 16 bytes. */
+#define FAIL_RUNS 2047
+
+struct fail_run {
+	__u64 first;
+	__u64 count;
+};
+
+struct failure_log {
+	__u64 n;
+	__u64 reserved;
+	struct fail_run runs[FAIL_RUNS];
 };
 
 struct sample_buf {
@@ -106,6 +126,13 @@ struct {
 	__type(value, struct sample_buf);
 } scratch SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct failure_log);
+} failures SEC(".maps");
+
 /* Set from user space before load; copied to counters[2] by every run. */
 const volatile __u64 tag = 0;
 
@@ -121,6 +148,35 @@ struct loop_ctx {
 	__u64 failed;
 	__u64 discarded;
 };
+
+/* Log a failed output: it extends the last run if it follows it, else starts one.
+ * The log lives in the map, not on the stack: the verifier then need not follow a
+ * count through every iteration of the loop (it would never converge). This CPU's
+ * log has no other writer. */
+static void failed_at(struct loop_ctx *lc, __u64 seq)
+{
+	struct failure_log *log;
+	__u32 zero = 0;
+	__u64 n, last;
+
+	lc->failed++;
+	log = bpf_map_lookup_elem(&failures, &zero);
+	if (!log)
+		return;
+	n = log->n;
+	if (n > 0 && n <= FAIL_RUNS) {
+		last = n - 1;
+		if (log->runs[last].first + log->runs[last].count == seq) {
+			log->runs[last].count++;
+			return;
+		}
+	}
+	if (n < FAIL_RUNS) {
+		log->runs[n].first = seq;
+		log->runs[n].count = 1;
+	}
+	log->n = n + 1;
+}
 
 static long discard_one(struct loop_ctx *lc, __u64 seq)
 {
@@ -171,7 +227,7 @@ static long emit_one(__u64 i, void *data)
 	if (lc->target == TARGET_RINGBUF) {
 		if (lc->discard_every && seq % lc->discard_every == 0) {
 			if (discard_one(lc, seq) < 0)
-				lc->failed++;
+				failed_at(lc, seq);
 			return 0;
 		}
 		ret = bpf_ringbuf_output(&ringbuf, buf, size, lc->rb_flags);
@@ -179,7 +235,7 @@ static long emit_one(__u64 i, void *data)
 		ret = bpf_perf_event_output(lc->ctx, &samples, lc->perf_flags, buf, size);
 	}
 	if (ret < 0)
-		lc->failed++;
+		failed_at(lc, seq);
 	else
 		lc->ok++;
 	return 0;

@@ -35,10 +35,17 @@ from .._reading.clock import Clock
 from .._reading.multi import Member, MultiSource, check_names
 from .._reading.order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from .._reading.reader import Reader, load_columns
-from .._rings.map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
+from .._rings.map_spec import (
+    BPF_MAP_TYPE_ARRAY_OF_MAPS,
+    BPF_MAP_TYPE_RINGBUF,
+    MapSpec,
+    check_map_source,
+    map_type_of,
+)
 from .._rings.perf.source import PerfEventArraySource, check_layout
+from .._rings.ringbuf.array import RingBufferArraySource
 from .._rings.ringbuf.source import RingBufferSource
-from .._rings.seam import RING_SOURCE_MEMBERS, RingConfig, RingSource
+from .._rings.seam import RING_SOURCE_MEMBERS, RecordedSource, RingConfig, RingSource
 
 DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
@@ -63,8 +70,9 @@ def is_ring_source(value: object) -> bool:
 
 def resolve_source(spec: object) -> RingSource:
     """A ring source from what the user passed: a source itself, or a map, by its type:
-    a BPF ring buffer, or a perf event array (of eBPF for Windows on Windows, else of
-    the Linux kernel), whose open says what is wrong with anything else."""
+    a BPF ring buffer, an array of ring buffers (one per CPU), or a perf event array
+    (of eBPF for Windows on Windows, else of the Linux kernel), whose open says what
+    is wrong with anything else."""
     missing = missing_members(spec)
     if not missing:
         return spec  # type: ignore[return-value]
@@ -82,8 +90,11 @@ def resolve_source(spec: object) -> RingSource:
 
         return WindowsMapSource(spec)  # type: ignore[arg-type, return-value]  # by type, at open
     source = check_map_source(spec)
-    if map_type_of(source) == BPF_MAP_TYPE_RINGBUF:
+    map_type = map_type_of(source)
+    if map_type == BPF_MAP_TYPE_RINGBUF:
         return RingBufferSource(source)
+    if map_type == BPF_MAP_TYPE_ARRAY_OF_MAPS:
+        return RingBufferArraySource(source)
     return PerfEventArraySource(source)
 
 
@@ -223,6 +234,8 @@ class ReaderOptions:
         if budget is not None and cpu_ids is not None:
             budget_ring_bytes(budget, len(cpu_ids))  # the ring count is known: check now
         resolved = resolve_decoder(decoder, ring_source)
+        if isinstance(ring_source, RecordedSource):  # a replay: its recording's decoder
+            ring_source.check_decoder(resolved)
         order_key = check_order_by(order_by, resolved)
         lateness = check_lateness(lateness)
         return cls(
@@ -310,7 +323,7 @@ class ReaderOptions:
                 "cpus= and map_keys= choose the rings of a Linux perf event array; none of "
                 f"these maps is one ({', '.join(names)})"
             )
-        sized = [not isinstance(s, RingBufferSource) for s in sources]
+        sized = [not isinstance(s, RingBufferSource | RingBufferArraySource) for s in sources]
         size = ring_data_bytes(pages, ring_bytes)
         if size is not None and not any(sized):
             raise UnsupportedError(
@@ -321,6 +334,9 @@ class ReaderOptions:
             Member(name, src, resolve_decoder(specs[name], src), sized=s, laid_out=lay)
             for name, src, s, lay in zip(names, sources, sized, laid_out, strict=True)
         ]
+        for member in members:
+            if isinstance(member.source, RecordedSource):
+                member.source.check_decoder(member.decoder)
         # Ordered across maps by one key: a field every map's decoder has, checked for each,
         # and a mistake names the map whose decoder lacks it.
         order_keys = []
@@ -342,6 +358,30 @@ class ReaderOptions:
             order_field=order_by if isinstance(order_by, str) else None,
             lateness=check_lateness(lateness),
         )
+
+    def recorded(self) -> tuple[Decoder | None, list[str] | None, bool]:
+        """What a recording of this stream is made with: its decoder, the names of its
+        maps (None: one map), and whether it is read as arrays (a decoder with a layout,
+        NumPy, arrays allowed) or as events. Several maps need one decoder for all."""
+        source = self.source
+        if isinstance(source, MultiSource):
+            decoders = [member.decoder for member in source.members]
+            first = decoders[0]
+            shapes = {None if d is None else repr(getattr(d, "layout", d)) for d in decoders}
+            if len(shapes) > 1:
+                raise UnsupportedError(
+                    "record(): a stream of several maps is recorded into one table, so its "
+                    "maps need one decoder; record one stream per map")
+            decoder, maps = first, [member.name for member in source.members]
+        else:
+            decoder, maps = self.decoder, None
+        try:
+            self.check_columns()
+            check_arrays_order(self)
+            columnar = True
+        except (ImportError, TypeError, UnsupportedError):
+            columnar = False
+        return decoder, maps, columnar
 
     def check_columns(self) -> None:
         """That columnar batches can be made (NumPy; a decoder with a layout for each map),

@@ -7,6 +7,7 @@ reader's deadline, and for the consumer. What to do then is the reader's.
 from __future__ import annotations
 
 import inspect
+import os
 import struct
 import threading
 import warnings
@@ -32,6 +33,7 @@ from .setup import ReaderOptions, SourceSpec, check_arrays_order
 
 if TYPE_CHECKING:
     from .._reading.columnar import ArrayItem
+    from .._recording.writer import RecorderStatistics
 
 Callback = Callable[[Any], Any]
 I = TypeVar("I")  # noqa: E741 - what an iterator hands out
@@ -290,8 +292,12 @@ class PerfStream(Subscriptable[T]):
         held = OpenReader(reader, loop.stop, what="PerfStream", noun="perf stream",
                           stop_in_child=False, hand_over=_on_loop_thread(loop))
         try:
-            # Weakly: a registration must not keep a dropped stream alive.
-            loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge)
+            # Weakly: a registration must not keep a dropped stream alive. Arming a
+            # perf fd polls it, which takes a wakeup that came between opening the rings
+            # and arming them, unreported: the binding calls _on_armed once the loop has
+            # armed each handle (uvloop arms on its next iteration), to look then.
+            loop.watch(reader.handles(), weak_callback(self._on_ready), source.acknowledge,
+                       weak_callback(self._on_armed))
         except BaseException:
             held.release()
             raise
@@ -300,11 +306,6 @@ class PerfStream(Subscriptable[T]):
         self._held = held
         self._tick_callback = weak_callback(self._tick)
         held.opened(self, "'async with' or aclose()")
-        # Arming a perf fd polls it, which clears a wakeup that came between opening the
-        # rings and arming them; uvloop arms on its next iteration. So the first look
-        # at the rings is a tick of the drain timer, due now: it runs on the loop after
-        # the arm (the trio binding looks once more after its own first arm).
-        reader.deadline = loop.time()
         self._sync_timer()
 
     async def __aenter__(self) -> PerfStream[T]:
@@ -381,7 +382,24 @@ class PerfStream(Subscriptable[T]):
 
     # --- loop callbacks -----------------------------------------------------------------
 
+    def _live_reader(self) -> Reader | None:
+        """The reader, while the loop's callbacks may act on it."""
+        reader, held = self._reader, self._held
+        if reader is None or held is None or held.forked or self._closed:
+            return None
+        return reader
+
+    @staticmethod
+    def _step(reader: Reader, step: Callable[[], int]) -> int:
+        """Events a reader's step added; a failure is queued for the consumer (counted 1)."""
+        try:
+            return step()
+        except Exception as exc:  # never let it reach the loop's handler to be printed
+            reader.push_failure(exc)
+            return 1
+
     def _on_ready(self, handle: int) -> None:
+        # Once per wakeup: inline, no helper calls (see _step).
         reader, held = self._reader, self._held
         if reader is None or held is None or held.forked or self._closed:
             return
@@ -390,30 +408,39 @@ class PerfStream(Subscriptable[T]):
         except Exception as exc:  # never let it reach the loop's handler to be printed
             reader.push_failure(exc)
             added = 1
+        if reader.finished:  # the source came to its end (a replay): close, as aclose()
+            self._close_now()
+            return
         if not reader.watches(handle) and self._loop is not None:
             self._loop.forget(handle)
         watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
         if self._loop is not None and (watch or forget):
             for gone in forget:
                 self._loop.forget(gone)
-            self._loop.watch(watch, weak_callback(self._on_ready), reader.source.acknowledge)
-            reader.deadline = self._loop.time()  # look at the new rings once they are armed
+            # The new rings are looked at once they are armed (_on_armed).
+            self._loop.watch(watch, weak_callback(self._on_ready), reader.source.acknowledge,
+                             weak_callback(self._on_armed))
         if added:
+            self._wake()
+        if reader.deadline != self._timer_at:
+            self._sync_timer()
+
+    def _on_armed(self, handle: int) -> None:
+        """The loop armed ``handle``: look at its rings (the arm may have taken a wakeup)."""
+        reader = self._live_reader()
+        if reader is None:
+            return
+        if self._step(reader, partial(reader.look, handle)):
             self._wake()
         if reader.deadline != self._timer_at:
             self._sync_timer()
 
     def _tick(self) -> None:
         self._timer_at = None
-        reader, held = self._reader, self._held
-        if reader is None or held is None or held.forked or self._closed:
+        reader = self._live_reader()
+        if reader is None:
             return
-        try:
-            added = reader.tick()
-        except Exception as exc:
-            reader.push_failure(exc)
-            added = 1
-        if added:
+        if self._step(reader, reader.tick):
             self._wake()
         self._sync_timer()
 
@@ -707,6 +734,31 @@ class PerfStream(Subscriptable[T]):
         if reader.deadline != self._timer_at:
             self._sync_timer()  # taking resumed a parked timer
         return batch
+
+    # --- recording (docs/recording.md) ----------------------------------------------------
+
+    async def record(
+        self, directory: str | os.PathLike[str], *, seconds: float | None = None,
+        samples: int | None = None, **options: Any,
+    ) -> RecorderStatistics:
+        """Write everything this open stream hands out to Parquet files in ``directory``
+        until it closes (or ``seconds`` passed, or at least ``samples`` were written):
+        the samples, the lost notices with when they came, and per file what it takes
+        to read them back (host, kernel, the decoder's layout, the clock offsets).
+        ``aperf.replay(directory)`` plays it back. ``options`` are
+        ``aperf.Recorder``'s (``max_file_bytes``, ``max_file_seconds``,
+        ``on_write_error``, ``compression``...). Needs pyarrow (``aperf-bpf[arrow]``);
+        the iteration it does is this stream's: do not iterate it meanwhile."""
+        from .._recording.record import record_stream
+        from .._recording.writer import Recorder
+
+        reader = self._require_open()
+        decoder, maps, columnar = self._options.recorded()
+        rings = [(c.map, c.cpu) for c in reader.statistics().cpus]
+        recorder = Recorder(directory, decoder, maps=maps, rings=rings,
+                            source=reader.source.name, **options)
+        return await record_stream(self, recorder, columnar=columnar, max_seconds=seconds,
+                                   max_samples=samples)
 
     # --- introspection -------------------------------------------------------------------
 

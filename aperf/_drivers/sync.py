@@ -245,6 +245,13 @@ class PerfBuffer(Subscriptable[T]):
         self._held = OpenReader(reader, self._waiter.close, what="PerfBuffer", noun="perf buffer",
                                 stop_in_child=True)
         self._held.opened(self, "'with' or close()")
+        # Adding a perf fd to the epoll set polls it, which takes the wakeup of a sample
+        # written since the rings opened without epoll reporting it: look once now.
+        try:
+            for handle in reader.handles():
+                reader.look(handle)
+        except Exception as exc:  # raised by the first poll or consume, in order
+            reader.push_failure(exc)
 
     # --- libbpf's API -------------------------------------------------------------------
 
@@ -284,7 +291,14 @@ class PerfBuffer(Subscriptable[T]):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
             reader = self._require_open()
-            return self._wait_for(reader, timeout_ms, partial(self._dispatch, reader), 0)
+            handled = self._wait_for(reader, timeout_ms, partial(self._dispatch, reader), 0)
+            self._close_if_finished(reader)
+            return handled
+
+    def _close_if_finished(self, reader: Reader) -> None:
+        """The source came to its end (a replay) and everything was handed out: close."""
+        if reader.finished and not reader.has_events():
+            self.close()
 
     def _wait_for(self, reader: Reader, timeout_ms: float, take: Callable[[], R],
                   nothing: R) -> R:  # under self._lock
@@ -307,6 +321,8 @@ class PerfBuffer(Subscriptable[T]):
                 raise ClosedResourceError("this PerfBuffer was closed while polling")
             for handle in ready:
                 reader.on_ready(handle)
+            if reader.finished:  # the source came to its end: nothing more will come
+                return take() if reader.has_events() else nothing
             watch, forget = reader.handle_changes()  # CPU hotplug: rings retired and added
             for handle in forget:
                 self._waiter.forget(handle)
@@ -346,8 +362,10 @@ class PerfBuffer(Subscriptable[T]):
         with self._lock:
             reader = self._require_open()
             nothing: list[Any] = []
-            return self._wait_for(reader, timeout_ms, partial(reader.take_arrays, max_rows),
-                                  nothing)
+            batch = self._wait_for(reader, timeout_ms, partial(reader.take_arrays, max_rows),
+                                   nothing)
+            self._close_if_finished(reader)
+            return batch
 
     def consume(self) -> int:
         """Handle everything every ring holds now, without waiting. Events handled."""

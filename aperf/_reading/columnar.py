@@ -20,6 +20,7 @@ from typing import Any, Union, cast
 
 import numpy as np
 
+from .._arrow.columns import Tabler
 from .._decoding.decode import SizedDecoder
 from .._decoding.layout import byte_order, dtype_spec
 from .._events import BadSample, Event, Lost, Sample, SampleArray, Tails
@@ -92,6 +93,7 @@ class Columns:
         self._strided: dict[tuple[int, int], np.dtype[Any]] = {}
         self.map = map
         self.offset = offset
+        self._tablers: dict[tuple[bool, bool], Tabler] = {}
 
     @staticmethod
     def split_for(records: Any) -> Callable[[int, bytes], tuple[list[Segment], int]]:
@@ -123,7 +125,8 @@ class Columns:
             starts = at + run.skip + self.size + np.arange(count, dtype=np.int64) * run.stride
             tails = Tails(run.span, starts, starts + (run.size - self.size))
         source = Run(run.span, at, count, run.stride, run.skip, run.size)
-        return SampleArray(key - self.offset, values, tails, map=self.map, _source=source)
+        return SampleArray(key - self.offset, values, tails, map=self.map, _source=source,
+                           _columns=self)
 
     def from_payloads(self, key: int, payloads: list[bytes]) -> SampleArray:
         """Samples parsed one by one (each long enough): joined, then gathered at C speed."""
@@ -139,7 +142,8 @@ class Columns:
             values = np.frombuffer(blob, np.uint8)[index].view(self.dtype)[:, 0]
             values.flags.writeable = False  # like the views: read-only
         tails = Tails(blob, starts + self.size, ends) if self.has_tail else None
-        return SampleArray(key - self.offset, values, tails, map=self.map, _source=payloads)
+        return SampleArray(key - self.offset, values, tails, map=self.map, _source=payloads,
+                           _columns=self)
 
     def too_short(self, payloads: list[bytes]) -> list[int]:
         """Indexes of the payloads shorter than the decoder's fixed part."""
@@ -157,6 +161,51 @@ class Columns:
                 ))
                 start = index
         return out
+
+    # --- as Arrow record batches (docs/arrow.md) --------------------------------------
+
+    def tabler(self, *, raw: bool = False, time: bool = False) -> Tabler:
+        """What makes this decoder's record batches (pyarrow imported now)."""
+        tabler = self._tablers.get((raw, time))
+        if tabler is None:
+            tabler = self._tablers[raw, time] = Tabler(
+                self.decoder, maps=self.map is not None, raw=raw, time=time,
+                what="SampleArray.to_arrow()")
+        return tabler
+
+    def to_arrow(self, item: SampleArray, *, raw: bool = False,
+                 time_ns: int | None = None) -> Any:
+        """``item`` as a record batch; with ``raw``, its samples' bytes too (``_data``);
+        with ``time_ns``, a receive time (``_time``)."""
+        tabler = self.tabler(raw=raw, time=time_ns is not None)
+        values = item.values  # raises once a lease ended
+        return tabler.batch(
+            len(values), tabler.decoded(values, item.tails), cpu=item.cpu, cpus=item.cpus,
+            late=item.late, map=item.map, time_ns=time_ns,
+            raw=self.raw_column(tabler, item) if raw else None)
+
+    @staticmethod
+    def raw_column(tabler: Tabler, item: SampleArray) -> Any:
+        """The samples of ``item`` as ``Sample.data`` has them, an Arrow binary array."""
+        pa = tabler.pa
+        source = item._source
+        if isinstance(source, Run):  # in place in the span: every payload one size
+            rows = source.count
+            records = np.frombuffer(source.span, np.uint8, rows * source.stride, source.start)
+            payloads = np.ascontiguousarray(
+                records.reshape(rows, source.stride)[:, source.skip : source.skip + source.size])
+            return pa.Array.from_buffers(
+                pa.binary(), rows, [None, tabler.offsets(np.full(rows, source.size)),
+                                    pa.py_buffer(payloads)])
+        if isinstance(source, _Gathered):  # rows an ordered stream merged
+            if source.recs is not None:
+                recs = np.ascontiguousarray(source.recs)
+                size = recs.dtype.itemsize
+                return pa.Array.from_buffers(
+                    pa.binary(), len(recs), [None, tabler.offsets(np.full(len(recs), size)),
+                                             pa.py_buffer(recs.view(np.uint8))])
+            return tabler.binary(source.blob, source.starts, source.lengths)
+        return pa.array(source, pa.binary())  # payloads parsed one by one
 
     # --- the reader's pieces, as arrays -------------------------------------------------
 

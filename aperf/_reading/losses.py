@@ -23,7 +23,7 @@ class LossLedger:
     ahead of the lost records that will announce it; and which drops aperf's own queue
     caused (``queue``, see ``held_back``)."""
 
-    __slots__ = ("_ahead", "_base", "after", "marks", "queue", "reported")
+    __slots__ = ("_ahead", "_base", "_recheck", "after", "marks", "queue", "reported")
 
     def __init__(self, rings: Sequence[Ring]) -> None:
         self.reported = {ring.key: 0 for ring in rings}
@@ -36,6 +36,7 @@ class LossLedger:
         self.queue: dict[int, int] = {}  # per ring: drops while aperf's queue held it back
         self.marks: dict[int, int | None] = {}  # rings held back: the count at that moment
         self.after: set[int] = set()  # caught up, no exact count: the next lost record is ours
+        self._recheck: set[int] = set()  # filled up unread: read the count at the next drain
 
     def held_back(self, ring: Ring) -> None:
         """aperf refused to drain ``ring`` because its queue is full: from now until it
@@ -43,11 +44,40 @@ class LossLedger:
         if ring.key not in self.marks:
             self.marks[ring.key] = ring.lost_total() if ring.key in self._base else None
 
-    def caught_up(self, ring: Ring) -> None:
+    def count_before_take(self, ring: Ring, full_mark: int) -> int | None:
+        """The producer's count, read before a drain reads the ring's head, if the ring
+        can have dropped since its last drain (more than ``full_mark`` bytes pending);
+        else None.
+
+        Read before the head, the count covers only drops that came after every sample
+        the drain takes, or before one of them (whose lost record is then among them):
+        what ``unannounced`` finds missing belongs at the end of the drain's span. Read
+        after, it would take in drops made once the space was released, behind samples
+        written since, and announce them ahead of those samples.
+        """
+        key = ring.key
+        if key not in self._base:
+            return None
+        if key in self._recheck or key in self.marks or ring.pending_bytes() > full_mark:
+            self._recheck.discard(key)
+            return ring.lost_total()
+        return None
+
+    def took_full(self, key: int) -> None:
+        """A drain took nearly a whole ring: the ring may have dropped after the count
+        was read (or, if it filled up after ``count_before_take`` looked, none was),
+        until the space was released. Its next drain reads the count first: a sample
+        written since brings the lost record, and if none came, the drops are
+        announced there, behind every sample taken."""
+        if key in self._base:
+            self._recheck.add(key)
+
+    def caught_up(self, ring: Ring, total: int | None = None) -> None:
         """``ring`` was drained after being held back (its space is released): its drops
-        since ``held_back`` were aperf's queue's. With the producer's count that is exact;
-        without it, they are announced by the lost record the kernel writes in front of
-        the first sample that fits, the first record of the ring's next drain."""
+        since ``held_back`` were aperf's queue's. With the producer's count that is exact
+        (``total``: read before the drain, see ``count_before_take``); without it, they
+        are announced by the lost record the kernel writes in front of the first sample
+        that fits, the first record of the ring's next drain."""
         key = ring.key
         if key not in self.marks:
             return
@@ -55,7 +85,8 @@ class LossLedger:
         if mark is None:
             self.after.add(key)
         else:
-            total = ring.lost_total()
+            if total is None:
+                total = ring.lost_total()
             if total is not None:
                 self.queue[key] = self.queue.get(key, 0) + total - mark
 
@@ -87,15 +118,20 @@ class LossLedger:
             self.reported[key] += count
         return count
 
-    def unannounced(self, ring: Ring) -> int:
+    def unannounced(self, ring: Ring, total: int | None = None) -> int:
         """Drops the producer counted on ``ring`` that nothing reported yet (0 if none, or
         if it keeps no count); reported now, ahead of the lost records to come.
+        ``total``: the count read before the drain's take (``count_before_take``); None:
+        read now, for a ring taken for the last time.
 
         Such drops come after every record taken so far: a sample written after a
         drop is preceded by its lost record.
         """
         key = ring.key
-        total = ring.lost_total() if key in self._base else None
+        if key not in self._base:
+            return 0
+        if total is None:
+            total = ring.lost_total()
         if total is None:
             return 0
         missing = total - self._base[key] - self.reported[key]

@@ -2,31 +2,38 @@
 
 Per-CPU rings each keep their own order; a consumer reading them one after
 another sees CPU 0's burst, then CPU 1's, out of time order (bcc #5047,
-tracee #1113). An ``Orderer`` holds built events and releases them sorted by a
-key (a timestamp field of the decoded value) once no ring can still bring an
-earlier one:
+tracee #1113). An ``Orderer`` holds everything aperf took out of the rings and
+releases it sorted by a key (a timestamp field of the decoded value) once no
+ring can still bring an earlier one:
 
-- each ring's *watermark* is the key of the last sample it gave (a ring is in
-  order); a ring seen empty at its latest look is *idle* and holds nobody back;
+- each ring's *watermark* is the key of the newest sample aperf took out of it
+  (a ring is in order); a ring seen empty at its latest look is *idle* and holds
+  nobody back;
 - the release point ``W`` is the lowest watermark of the rings that are not
   idle (everything, when all are);
 - an event held ``lateness`` seconds is released whatever the rings say (an
-  added batch that expired raises ``W`` to its largest key);
+  added batch that expired raises ``W`` to its largest key), but never ahead of
+  what aperf already took out of another ring: that is ordered first, so it is
+  never late;
 - an event whose key is below one already released is *late*: released at
   once, flagged (``Sample.late``) and counted, never dropped.
 
-Batches, not a heap: held events and a new batch are concatenated and sorted
-with ``list.sort`` (timsort merges the already-sorted runs, each ring's, at C
-speed) and cut at ``W`` with ``bisect``. The columnar twin (``ArrayOrderer``)
-does the same with NumPy (``argsort(kind="stable")``, ``searchsorted``).
+What was taken waits raw, per ring, and is built a batch at a time from the ring
+whose built samples end lowest: a merge of the rings, as far as a release needs
+(a backlog of many thousand samples is ordered without building it all at once).
+Batches, not a heap: built events are concatenated and sorted with ``sorted``
+(timsort merges the already-sorted runs, each ring's, at C speed) and cut at
+``W`` with ``bisect``. The columnar twin (``ArrayOrderer``) builds every array at
+once (arrays are few objects) and does the same with NumPy
+(``argsort(kind="stable")``, ``searchsorted``).
 """
 
 from __future__ import annotations
 
 import operator
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,6 +47,11 @@ DEFAULT_LATENESS = 0.1
 """Seconds an event is held at most for ordering: tracee's choice (100 ms)."""
 
 OrderKey = Callable[[Any], Any]
+Build = Callable[[Any, int], tuple[list[Any], list[tuple[Any, int]]]]
+"""Builds up to ``n`` samples of a piece held raw: (its events, the rest as (piece,
+samples) pairs, in ring order; none when the piece is all built)."""
+BUILD_BATCH = 256
+"""Samples built at a time out of a raw piece (``_reader.DEFAULT_BATCH``: the GC's sweet spot)."""
 NEG = float("-inf")
 POS = float("inf")
 _FIRST = operator.itemgetter(0)
@@ -116,9 +128,17 @@ class _Rings:
         self.empty: dict[Any, bool] = {}  # ring key -> seen empty at its latest look
         self.late: dict[Any, int] = {}  # ring key -> late samples
         self.released: Any = NEG  # the largest key released so far
-        # (arrival time, largest key) of each added batch still (maybe) held
-        self.batches: deque[tuple[float, Any]] = deque()
+        # (arrival time, largest key) of each added batch still (maybe) held, by arrival
+        self.batches: list[tuple[float, Any]] = []
         self._checked = 0.0
+
+    def arrived(self, now: float, top: Any) -> None:
+        """A batch taken out of the rings at ``now`` was added; ``top`` its largest key."""
+        batches = self.batches
+        if batches and now < batches[-1][0]:
+            insort(batches, (now, top), key=_FIRST)  # built after later ones
+        else:
+            batches.append((now, top))
 
     def checked(self, now: float) -> None:
         """A tick looked for releasable events at ``now``."""
@@ -145,10 +165,14 @@ class _Rings:
         self._checked = now
         w = self.rings_watermark()
         batches, expire = self.batches, now - self.lateness
-        while batches and batches[0][0] <= expire:
-            top = batches.popleft()[1]
+        gone = 0
+        for arrived, top in batches:
+            if arrived > expire:
+                break
+            gone += 1
             if top > w:
                 w = top
+        del batches[:gone]
         return w
 
     def expired_top(self, now: float) -> Any:
@@ -166,41 +190,129 @@ class _Rings:
         """Events held."""
         raise NotImplementedError
 
+    def raw_arrivals(self) -> Iterable[float]:
+        """When the oldest raw piece of each ring was taken out of it (``Orderer``)."""
+        return ()
+
     def deadline(self) -> float | None:
-        """When a look is due for held events (None: nothing held)."""
+        """When a look is due for held events (None: nothing held).
+
+        Never at or before the latest check: what had expired by then was seen (the
+        consumer was woken for it) and waits for the consumer to take it; a past
+        deadline would run the tick again and again until it does (on trio, a system
+        task that never yields: the whole program frozen)."""
         if not self.count:
             self.batches.clear()
             return None
-        at = self._checked + self.period
-        if self.batches:
-            at = min(at, self.batches[0][0] + self.lateness)
+        checked, lateness = self._checked, self.lateness
+        at = checked + self.period
+        for arrived, _ in self.batches:  # by arrival: the first one not expired then
+            if arrived + lateness > checked:
+                at = min(at, arrived + lateness)
+                break
+        for arrived in self.raw_arrivals():
+            if checked < arrived + lateness < at:
+                at = arrived + lateness
         return at
 
 
 class Orderer(_Rings):
-    """Holds built events; releases them in key order (see the module).
+    """Holds what was taken out of the rings; releases it as events, in key order (see
+    the module).
 
-    Held events are two parallel lists, sorted: keys and events. A batch that comes in
-    order after them (the usual case) is appended as it is; only a batch that falls
-    among them is merged, with one ``list.sort`` of (key, event) pairs.
+    Samples wait raw, per ring (``queue``), and are built a batch at a time when a
+    release needs them (``build``): always from the ring whose watermark is the lowest,
+    so that everything held is merged across rings without building it all at once
+    (events built and left waiting would make CPython's GC walk them again and again).
+    Built events are two parallel lists: keys and events, sorted when a release needs
+    them; a batch that comes in order after them (the usual case) is appended as it is.
     """
 
-    __slots__ = ("_events", "_keys", "_late_held", "error", "field", "key")
+    __slots__ = ("_events", "_keys", "_late_held", "_raw", "_raw_count", "_sorted", "build",
+                 "error", "field", "key")
 
     def __init__(self, key: OrderKey, lateness: float, period: float | None = None,
-                 field: bool = False) -> None:
+                 field: bool = False, build: Build | None = None) -> None:
         super().__init__(lateness, period)
         self.key = key
         self.field = field  # the key reads a field: it fails on a Lost or BadSample
+        self.build = build  # what builds the pieces given to ``queue``
         self._keys: list[Any] = []
         self._events: list[Any] = []
+        self._sorted = True  # held events are in key order (else sorted when needed)
         self._late_held: list[tuple[Any, Any]] = []
-        self.error: Exception | None = None  # a key that failed, raised after adding
+        # ring -> [arrival time, piece, samples] not built yet, in ring order
+        self._raw: dict[Any, deque[list[Any]]] = {}
+        self._raw_count = 0
+        # A key that failed, or a decode error under "raise" (``build``): raised after
+        # the release that met it.
+        self.error: Exception | None = None
 
     @property
     def count(self) -> int:
-        """Events held."""
-        return len(self._events) + len(self._late_held)
+        """Events held, raw samples included."""
+        return len(self._events) + len(self._late_held) + self._raw_count
+
+    def queue(self, ring: Any, piece: Any, samples: int, now: float) -> None:
+        """A piece of ``ring``'s samples (or a lost notice: 1), taken out of it at ``now``,
+        in ring order; built by ``build`` when a release needs it."""
+        raw = self._raw.get(ring)
+        if raw is None:
+            raw = self._raw[ring] = deque()
+        raw.append([now, piece, samples])
+        self._raw_count += samples
+
+    def _raw_low(self) -> Any:
+        """The lowest last built key of the rings with raw samples (POS: none). Their raw
+        samples come after it (a ring is in order), so it bounds every release: what
+        aperf took out of the rings is never late, whatever ``lateness`` says."""
+        raw, last = self._raw, self.last
+        if len(raw) < 2:
+            return last.get(next(iter(raw)), NEG) if raw else POS
+        return min(last.get(ring, NEG) for ring in raw)
+
+    def watermark(self, now: float) -> Any:
+        """The release point (``_Rings.watermark``), never above ``_raw_low``."""
+        return min(super().watermark(now), self._raw_low())
+
+    def raw_arrivals(self) -> Iterator[float]:
+        return (pieces[0][0] for pieces in self._raw.values())
+
+    def _build_raw(self, now: float, everything: bool, want: int) -> None:
+        """Build raw samples until ``want`` events can go, or building more could not
+        release more: a batch at a time from the ring with raw samples whose last built
+        key is the lowest (which holds the release point there), so the rings are merged
+        as far as a release needs, however much they hold. Raw pieces held ``lateness``
+        keep it building past a busy ring's watermark (once built, they go whatever the
+        rings say). ``everything``: build it all."""
+        raw, last, build = self._raw, self.last, self.build
+        if not raw or build is None:
+            return
+        expire = now - self.lateness
+        while raw:
+            ring = min(raw, key=lambda r: last.get(r, NEG)) if len(raw) > 1 else next(iter(raw))
+            if not everything:
+                low = last.get(ring, NEG)
+                allowed = max(self.rings_watermark(), self.expired_top(now))
+                if self._keys:
+                    self._sort()
+                    if bisect_right(self._keys, min(low, allowed)) >= want:
+                        break  # enough can go
+                if low > allowed and all(pieces[0][0] > expire for pieces in raw.values()):
+                    break  # a busy ring holds the release point below all that is raw
+            pieces = raw[ring]
+            arrived, piece, samples = pieces.popleft()
+            events, rest = build(piece, max(want, BUILD_BATCH))
+            left = 0
+            for part, count in reversed(rest):  # back in front, in ring order
+                pieces.appendleft([arrived, part, count])
+                left += count
+            self._raw_count -= samples - left
+            if not pieces:
+                del raw[ring]
+            self.add(ring, events, arrived)
+            if self.error is not None:
+                break  # raised first (``take_error``): what follows waits, raw or built
 
     def add(self, ring: Any, events: list[Any], now: float) -> None:
         """A batch of one ring's events, in ring order."""
@@ -221,7 +333,7 @@ class Orderer(_Rings):
                 break
         self.last[ring] = last
         low = min(keys)
-        self.batches.append((now, max(keys)))
+        self.arrived(now, max(keys))
         if low < self.released:
             self._split_late(ring, keys, events)
         else:
@@ -229,16 +341,25 @@ class Orderer(_Rings):
 
     def _hold(self, keys: list[Any], events: list[Any]) -> None:
         held_keys = self._keys
-        if (not held_keys or keys[0] >= held_keys[-1]) and all(
-                map(operator.le, keys, islice(keys, 1, None))):
-            held_keys.extend(keys)  # in order after what is held: as it is
-            self._events.extend(events)
+        if self._sorted and not ((not held_keys or keys[0] >= held_keys[-1]) and all(
+                map(operator.le, keys, islice(keys, 1, None)))):
+            self._sorted = False  # falls among what is held: sorted once, when needed
+        held_keys.extend(keys)  # in order after what is held (the usual case): as it is
+        self._events.extend(events)
+
+    def _sort(self) -> None:
+        """Held events in key order: one sort for every batch added since the last (a
+        backlog comes as many batches of several rings)."""
+        if self._sorted:
             return
-        pairs = list(zip(held_keys, self._events, strict=True))
-        pairs.extend(zip(keys, events, strict=True))
-        pairs.sort(key=_FIRST)  # timsort: merges the sorted runs
-        self._keys = list(map(_FIRST, pairs))
-        self._events = list(map(_SECOND, pairs))
+        keys = self._keys
+        # Positions, not (key, event) pairs: ints are not tracked by the cyclic GC, and
+        # tens of thousands of tuples made it walk every held event again and again.
+        # Timsort merges the sorted runs; stable: ties in arrival order.
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        self._keys = list(map(keys.__getitem__, order))
+        self._events = list(map(self._events.__getitem__, order))
+        self._sorted = True
 
     def _keys_of(self, ring: Any, events: list[Any]) -> list[Any]:
         """Keys one by one: a lost notice or bad sample takes its ring's previous key."""
@@ -279,14 +400,17 @@ class Orderer(_Rings):
         error, self.error = self.error, None
         return error
 
-    def release(self, now: float, everything: bool = False) -> list[Any]:
-        """The events that can go now, in order: late ones first."""
+    def release(self, now: float, everything: bool = False, want: int = BUILD_BATCH) -> list[Any]:
+        """The events that can go now, in order: late ones first; raw samples built as far
+        as ``want`` events can go (more may come: a built batch goes whole)."""
+        self._build_raw(now, everything, want)
         out: list[Any] = []
         if self._late_held:
             late = self._late_held
             late.sort(key=_FIRST)
             out.extend(map(_SECOND, late))
             late.clear()
+        self._sort()
         keys = self._keys
         if not keys:
             self._checked = now
@@ -309,12 +433,19 @@ class Orderer(_Rings):
         """Whether a release now would hand anything out (looking at what is known)."""
         if self._late_held:
             return True
+        allowed = max(self.rings_watermark(), self.expired_top(now))
+        raw = self._raw
+        if raw:
+            # Raw samples a take would build, then release: held `lateness`, or from the
+            # ring that holds the release point.
+            expire = now - self.lateness
+            if any(pieces[0][0] <= expire for pieces in raw.values()):
+                return True
+            if self._raw_low() <= allowed:
+                return True
+        self._sort()
         keys = self._keys
-        if not keys:
-            return False
-        if keys[0] <= self.expired_top(now):
-            return True
-        return bool(keys[0] <= self.rings_watermark())
+        return bool(keys) and keys[0] <= min(allowed, self._raw_low())
 
 # --- the columnar twin ---------------------------------------------------------------------
 
@@ -447,7 +578,7 @@ class ArrayOrderer(_Rings):
                 if self._placed is not None:
                     self._placed.append(len(parts))
         self.last[ring] = last
-        self.batches.append((now, top))
+        self.arrived(now, top)
 
     def _merge(self, parts: list[_Rows]) -> _Rows:
         np = self.np
@@ -499,7 +630,8 @@ class ArrayOrderer(_Rings):
             values = recs.view(columns.strided_dtype(recs.dtype.itemsize, 0))
             values.flags.writeable = False
             array = SampleArray(int(cpus[0]) if one else -1, values,
-                                _source=_Gathered(None, None, None, cpus, recs))
+                                _source=_Gathered(None, None, None, cpus, recs),
+                                _columns=columns)
             array.cpus = None if one else cpus
             array.late = late
             return array
@@ -517,7 +649,7 @@ class ArrayOrderer(_Rings):
                  if columns.has_tail else None)
         array = SampleArray(int(cpus[0]) if one else -1, values, tails,
                             _source=_Gathered(np.frombuffer(data, np.uint8), rows.starts,
-                                              rows.lengths, cpus))
+                                              rows.lengths, cpus), _columns=columns)
         array.cpus = None if one else cpus
         array.late = late
         return array

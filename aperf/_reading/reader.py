@@ -176,6 +176,7 @@ class Reader:
         self.stalled: set[int] = set()  # rings with data left while we were full
         self.paused = False
         self.closed = False
+        self.finished = False  # the source came to its end (SourceEnded(None))
         self.counters = {key: [0, 0, 0, 0] for key in self.rings}
         self.high_water: dict[int, int] = {}  # per ring: the largest span one drain took
         self.broken: set[int] = set()
@@ -188,7 +189,8 @@ class Reader:
         # Ordered streams (order_by=): built events wait here until their turn (order.py).
         period = wakeup.max_latency if wakeup.batched else None
         self.orderer = None if order_by is None else Orderer(
-            order_by, lateness, period, field=order_field is not None)
+            order_by, lateness, period, field=order_field is not None, build=self._build_raw)
+        self._stopped: list[tuple[DecodeError, Payloads]] | None = None  # see _build_raw
         self._order = (order_field, lateness, period)
         self.array_orderer: ArrayOrderer | None = None
         # The orderers in use (none: an unordered stream), for the shared paths to walk.
@@ -268,8 +270,12 @@ class Reader:
         clock = self.clock
         now, since = clock.start_tick()
         added = 0
+        # A full queue holds every ring back (the drain refuses and pauses), also one
+        # drained since the last tick: else a tick that looked at no ring would take the
+        # silence for idleness, and the timer would come back only in idle_latency.
+        full = self.pending >= self.max_pending
         for key in list(self.rings):
-            if clock.due(key, since):
+            if full or clock.due(key, since):
                 added += self.drain(key)
                 clock.looked(key, now)
         clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
@@ -315,6 +321,19 @@ class Reader:
                 continue
             added += self.drain(ring.key)
         self.clock.traffic()
+        return added
+
+    def look(self, handle: int) -> int:
+        """A driver's loop armed ``handle``: drain its rings (events added). Arming a perf
+        fd polls it, and that poll takes a wakeup that came before it without the loop
+        reporting it: whatever was written before the arm is taken here, anything
+        after it wakes the armed handle. Not a wakeup: nothing is counted, but what it
+        finds is traffic for the drain clock, as a tick's finds are."""
+        added = 0
+        for ring in list(self._handles.get(handle, ())):
+            added += self.drain(ring.key)
+        if added:
+            self.clock.traffic()
         return added
 
     def _gathers(self, ring: Ring) -> bool:
@@ -396,6 +415,10 @@ class Reader:
         self.stalled.add(key)
         if not self.paused:
             self.paused = True
+            # From now on the full queue holds back every ring, not only this one: drops
+            # on a ring no wakeup or tick has reached yet are the queue's as much.
+            for ring in self.rings.values():
+                self.losses.held_back(ring)
             log.debug("perf stream paused", pending=self.pending, max_pending=self.max_pending)
 
     def drain(self, key: int, *, force: bool = False) -> int:
@@ -412,7 +435,10 @@ class Reader:
         self.stalled.discard(key)
         self.gathering.discard(key)
         failure: BrokenRingError | None = None
+        full_mark = self._full_mark if self._sizes is None else self.ring_size(key) - MAX_RECORD
         try:
+            # The producer's drop count, read before the head (_losses.py says why).
+            total = losses.count_before_take(ring, full_mark)
             span = ring.take()
             self.clock.drained(key)
             if self._orderers:
@@ -427,9 +453,9 @@ class Reader:
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after
             if losses.marks:
-                losses.caught_up(ring)
+                losses.caught_up(ring, total)
             if not span:
-                return 0
+                return 0 if total is None else self._report_unannounced(ring, total)
             if len(span) > self.high_water.get(key, 0):
                 self.high_water[key] = len(span)
             segments, other = self.split(key, span)
@@ -461,9 +487,10 @@ class Reader:
         if failure is not None:
             self.push_failure(failure)
             return added + 1
-        full_mark = self._full_mark if self._sizes is None else self.ring_size(key) - MAX_RECORD
-        if len(span) > full_mark and self.losses.exact(key):
-            added += self._report_unannounced(ring)
+        if total is not None:
+            added += self._report_unannounced(ring, total)
+        if len(span) > full_mark:
+            losses.took_full(key)
         return added
 
     def _lost_record(self, key: int, count: int) -> int:
@@ -474,13 +501,14 @@ class Reader:
         self.queue.append(self.builder.lost(key, count))
         return 1
 
-    def _report_unannounced(self, ring: Ring) -> int:
-        """Queue a Lost notice for drops the producer counted but no lost record announced.
+    def _report_unannounced(self, ring: Ring, total: int | None = None) -> int:
+        """Queue a Lost notice for drops the producer counted but no lost record announced
+        (``total``: the count read before the drain; see ``LossLedger.unannounced``).
 
         Only a ring that was full can have dropped, so drains call this only when
-        they took nearly a whole ring.
+        the ring was nearly full before they took it.
         """
-        missing = self.losses.unannounced(ring)
+        missing = self.losses.unannounced(ring, total)
         if not missing:
             return 0
         self.queue.append(self.builder.lost(ring.key, missing))
@@ -503,17 +531,25 @@ class Reader:
         self.queue.append(_Failure(exc))
         self.pending += 1
 
-    def end(self, error: BaseException, *, drain: bool) -> int:
+    def end(self, error: BaseException | None, *, drain: bool) -> int:
         """The source is over for good: queue what the rings hold (unless ``drain`` is
-        False: then they are no longer ours), then ``error``; look at nothing more."""
+        False: then they are no longer ours), then ``error``; look at nothing more.
+        No error: the source came to its end (``finished``: the drivers close)."""
         if not drain:
             self.rings = {}
         self.close()
-        self.push_failure(error)
+        if error is None:
+            self.finished = True
+        else:
+            self.push_failure(error)
         return 1
 
     def _requeue(self, error: DecodeError, rest: Payloads) -> None:
-        """decode_errors="raise": the error at the front, the samples after it behind it."""
+        """decode_errors="raise": the error at the front, the samples after it behind it
+        (while the orderer builds, its own: see ``_build_raw``)."""
+        if self._stopped is not None:
+            self._stopped.append((error, rest))
+            return
         if rest.payloads:
             self.queue.appendleft(_Chunk(*rest))
             self.pending += len(rest.payloads)
@@ -755,12 +791,12 @@ class Reader:
         return {seg.key for seg in self.queue
                 if seg.__class__ is _Chunk or seg.__class__ is _RunChunk}
 
-    def _feed(self, orderer: Orderer | ArrayOrderer, add: Callable[[int, list[Any], float], None],
-              build: Callable[[Any, list[Any]], None], limit: int | None,
-              count: Callable[[list[Any]], int] = len) -> None:
-        """Look at the rings with nothing queued (which are idle now), then build up to
-        ``limit`` queued samples (None: all) into an orderer; held events count in
-        ``pending``. Built in batches, as ``take`` does: the rest waits raw.
+    def _feed(self, orderer: Orderer | ArrayOrderer,
+              add: Callable[[int, Piece, int, float], int]) -> None:
+        """Look at the rings with nothing queued (which are idle now), then hand
+        everything queued to an orderer (``add``: how many events it holds for it now),
+        so that what aperf took out of every ring is ordered together; held events
+        count in ``pending``.
 
         A look reads a ring's head only: one that holds samples is busy (it holds the
         others back until its wakeup or the drain timer takes them), one that holds
@@ -772,34 +808,75 @@ class Reader:
         now = self.clock.now()
         pop = self.pop
         started = False
-        taken = 0
-        while limit is None or taken < limit:
-            piece = pop(None if limit is None else limit - taken, started)
+        while True:
+            piece = pop(None, started)
             if piece is None:
                 break
             started = True
-            built: list[Any] = []
             if isinstance(piece, Lost):
-                key = self.builder.key_of(piece)  # its ring's (a map's offset + the CPU)
-                built.append(piece)
+                key, samples = self.builder.key_of(piece), 1  # its ring's (a map's offset + CPU)
             else:
                 key = piece.key
-                build(piece, built)
-            n = count(built)
-            taken += n
-            self.pending += n
-            add(key, built, now)
-        # A ring with samples still queued is busy: they come after its built ones.
+                samples = piece.stop - piece.start if isinstance(piece, RunPiece) else len(
+                    piece.payloads)
+            self.pending += add(key, piece, samples, now)
+        # A queued failure ends the batch in front of it (``pop``): the rings of the
+        # samples behind it are busy, they come after the ones handed over.
         for key in self._queued_rings():
             orderer.looked(key, False)
+
+    def _queue_raw(self, key: int, piece: Piece, samples: int, now: float) -> int:
+        """``_feed`` for events: the orderer keeps the piece raw until a release needs it."""
+        assert self.orderer is not None
+        self.orderer.queue(key, piece, samples, now)
+        return samples
+
+    def _build_raw(self, piece: Piece, limit: int) -> tuple[list[Any], list[tuple[Any, int]]]:
+        """Build up to ``limit`` samples of a piece the orderer held raw (``Orderer.build``):
+        the events and the rest. A decode error under "raise" becomes the orderer's error
+        (raised once what can go went back to the front), the samples after it the rest."""
+        out: list[Any] = []
+        rest: list[tuple[Any, int]] = []
+        if isinstance(piece, Lost):
+            return [piece], rest
+        builder = self.builder
+        self._stopped = []
+        try:
+            if isinstance(piece, RunPiece):
+                stop = min(piece.stop, piece.start + limit)
+                builder.run(piece.key, piece.run, piece.start, stop, out)
+                built = stop - piece.start
+                if stop < piece.stop:
+                    rest.append((RunPiece(piece.key, piece.run, stop, piece.stop),
+                                 piece.stop - stop))
+            else:
+                payloads = piece.payloads
+                built = min(limit, len(payloads))
+                builder.payloads(piece.key, payloads[:built], piece.uniform, out)
+                if built < len(payloads):
+                    rest.append((Payloads(piece.key, payloads[built:], piece.uniform),
+                                 len(payloads) - built))
+            stopped, self._stopped = self._stopped, None
+        finally:
+            self._stopped = None
+        self.pending += len(out) - built  # samples skipped (or stopped at) leave the count
+        if stopped:
+            error, after = stopped[0]
+            assert self.orderer is not None
+            if self.orderer.error is None:
+                self.orderer.error = error
+            if after.payloads:
+                rest.insert(0, (after, len(after.payloads)))
+                self.pending += len(after.payloads)
+        return out, rest
 
     def _looked(self, key: int, empty: bool) -> None:
         """Tell the orderers a look at ring ``key`` found it ``empty`` (idle) or not."""
         for orderer in self._orderers:
             orderer.looked(key, empty)
 
-    def _released(self, orderer: Orderer | ArrayOrderer, out: list[Any]) -> list[Any]:
-        released = orderer.release(self.clock.now(), everything=self.closed)
+    def _released(self, orderer: Orderer, out: list[Any], want: int) -> list[Any]:
+        released = orderer.release(self.clock.now(), everything=self.closed, want=want)
         self.pending -= len(released)
         error = orderer.take_error() if isinstance(orderer, Orderer) else None
         if error is not None:
@@ -816,14 +893,8 @@ class Reader:
             arrays = self._released_all(self.array_orderer)
             out.extend(self.columns().events(arrays, builder))
 
-        def build(piece: Any, into: list[Any]) -> None:
-            if isinstance(piece, RunPiece):
-                builder.run(piece.key, piece.run, piece.start, piece.stop, into)
-            else:
-                builder.payloads(piece.key, piece.payloads, piece.uniform, into)
-
-        self._feed(orderer, orderer.add, build, max(max_items - len(out), 1))
-        out.extend(self._released(orderer, out))
+        self._feed(orderer, self._queue_raw)
+        out.extend(self._released(orderer, out, max(max_items - len(out), 1)))
         if len(out) > max_items:
             self.held.extend(out[max_items:])
             del out[max_items:]
@@ -849,8 +920,17 @@ class Reader:
         if self.orderer is not None and self.orderer.count:
             out.extend(columns.front(self._released_all(self.orderer)))  # a per-item consumer's
         builder = self.builder
-        self._feed(orderer, orderer.add_items,
-                   lambda piece, into: columns.arrays(piece, builder, None, into), None, _rows)
+
+        def add(key: int, piece: Piece, samples: int, now: float) -> int:
+            items: list[Any] = []
+            if isinstance(piece, Lost):
+                items.append(piece)
+            else:
+                columns.arrays(piece, builder, None, items)
+            orderer.add_items(key, items, now)
+            return _rows(items)
+
+        self._feed(orderer, add)
         orderer.max_rows = max_rows
         released = orderer.release(self.clock.now(), everything=self.closed)
         self.pending -= _rows(released)

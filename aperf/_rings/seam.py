@@ -4,9 +4,10 @@ A source owns rings and their readiness handles; the reader (``_reading/reader.p
 takes spans out of the rings and applies the one policy; drivers wait on the
 handles and call the reader. A backend plugs in by implementing
 ``RingSource`` (public as ``aperf.abc``): the Linux perf event array
-(``perf/source.py``), the BPF ring buffer (``ringbuf/source.py``), eBPF for
-Windows' perf event array (``windows/perf.py``) and
-``aperf.testing.FakeRingSource`` (``perf/fake.py``) are the four aperf ships.
+(``perf/source.py``), the BPF ring buffer (``ringbuf/source.py``), an array of
+BPF ring buffers (``ringbuf/array.py``), eBPF for Windows' perf event array
+(``windows/perf.py``) and ``aperf.testing.FakeRingSource`` (``perf/fake.py``) are
+the five aperf ships.
 A record format splits a span into ``Segment``s, the format-neutral pieces
 defined here.
 
@@ -22,7 +23,7 @@ import operator
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .._errors import UnsupportedError
 from .._options import Wakeup
@@ -103,7 +104,8 @@ class Ring(Protocol):
 
     key: int
     """The ring's id: the CPU for a perf event array (what ``Sample.cpu`` says); -1 for a
-    BPF ring buffer, one ring for every CPU."""
+    BPF ring buffer, one ring for every CPU; the slot (the CPU) of a ring in an array of
+    ring buffers."""
 
     handle: int
     """Its readiness handle (several rings may share one)."""
@@ -128,9 +130,11 @@ class Ring(Protocol):
 class SourceEnded(Exception):
     """Raised by a source's ``acknowledge(handle)`` when the source is over for good
     (e.g. another process took its map over): the reader queues what its rings
-    hold if ``drain`` (they are still this reader's), then ``error``, and stops."""
+    hold if ``drain`` (they are still this reader's), then ``error``, and stops.
+    ``error`` None: the source came to its end (a replay of a recording): nothing is
+    raised, and the drivers close the stream once it handed out what it holds."""
 
-    def __init__(self, error: BaseException, *, drain: bool) -> None:
+    def __init__(self, error: BaseException | None, *, drain: bool) -> None:
         super().__init__(error)
         self.error = error
         self.drain = drain
@@ -196,6 +200,16 @@ class RingSource(Protocol):
         """In a child process that inherited the open source: close this process's
         copies of the handles and release nothing shared with the parent (memory,
         map slots). Nothing may be read afterwards."""
+        ...
+
+
+@runtime_checkable
+class RecordedSource(Protocol):
+    """What a source may add (optional): it knows the decoder its samples were made for
+    (a replay of a recording), and refuses a stream's decoder that is another one."""
+
+    def check_decoder(self, decoder: object) -> None:
+        """Raise ``aperf.DecoderMismatchError`` naming both, if ``decoder`` is not it."""
         ...
 
 

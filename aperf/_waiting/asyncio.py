@@ -1,7 +1,14 @@
 """The async driver's ``LoopBinding`` on asyncio and uvloop.
 
 ``AsyncioBinding`` watches each ring fd with ``loop.add_reader`` and keeps
-the drain timer with ``loop.call_at``.
+the drain timer with ``loop.call_at``. Arming a perf fd polls it, and the poll
+takes a wakeup that came before it unreported (docs/rings.md, "Event loops"), so
+once the loop has armed new fds the driver looks at their rings. When that is
+differs: asyncio's selector loop arms in ``add_reader`` itself, uvloop (libuv)
+only at the start of the poll phase of its next iteration, after its timers and
+ready callbacks. Both arm fds in the order they were added, before they wait: so
+the binding adds an fd that is always readable after them (``_Probe``), and the
+first report of it says that every fd added before it is armed.
 
 Windows wait handles ("win32", eBPF for Windows): on the Proactor loop (the
 default on Windows) ``ProactorHandleBinding`` registers each handle with
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 import threading
 from asyncio.selector_events import BaseSelectorEventLoop
@@ -28,6 +36,25 @@ from .base import HandleKind, OnHandle
 if TYPE_CHECKING:
     from .._native.libbpf import TimerFd
     from .win32 import HandleWaiterThread
+
+
+class _Probe:
+    """An fd that stays readable: an eventfd (a pipe where there is none) holding a
+    count nobody reads."""
+
+    def __init__(self) -> None:
+        self._write_fd = -1
+        if hasattr(os, "eventfd"):
+            self.fd = os.eventfd(1, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - platforms without eventfd
+            self.fd, self._write_fd = os.pipe()
+            os.write(self._write_fd, b"\0")
+
+    def close(self) -> None:
+        for fd in (self.fd, self._write_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._write_fd = -1
 
 
 class AsyncioBinding:
@@ -57,17 +84,53 @@ class AsyncioBinding:
         self._timerfd_wanted = (kind == "fd" and sys.platform == "linux"
                                 and isinstance(loop, BaseSelectorEventLoop))
         self._timer_callback: Callable[[], None] | None = None
+        self._probe: _Probe | None = None  # made by the first watch() with on_armed
+        self._arming: list[tuple[list[int], OnHandle]] = []  # fds the probe reports armed
 
     def watch(
-        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None,
+        on_armed: OnHandle | None = None,
     ) -> None:
+        added: list[int] = []
         try:
             for fd in handles:
                 self._loop.add_reader(fd, on_ready, fd)
                 self._fds.add(fd)
+                added.append(fd)
+            if on_armed is not None and added:
+                self._arming.append((added, on_armed))
+                self._add_probe()
         except BaseException:
             self.stop()
             raise
+
+    def _add_probe(self) -> None:
+        """(Re-)add the probe after every fd added so far: its first report says they
+        are armed."""
+        probe = self._probe
+        if probe is None:
+            probe = self._probe = _Probe()
+        else:
+            self._loop.remove_reader(probe.fd)  # added again: after the new fds
+        self._loop.add_reader(probe.fd, self._probe_fired)
+
+    def _probe_fired(self) -> None:
+        probe = self._probe
+        if probe is not None:
+            self._loop.remove_reader(probe.fd)
+        arming, self._arming = self._arming, []
+        for fds, on_armed in arming:
+            for fd in fds:
+                if fd in self._fds:  # not forgotten meanwhile
+                    on_armed(fd)
+
+    def _drop_probe(self) -> None:
+        self._arming = []
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(probe.fd)
+            probe.close()
 
     def forget(self, handle: int) -> None:
         if handle in self._fds:
@@ -146,6 +209,7 @@ class AsyncioBinding:
 
     def stop(self) -> None:
         self._cancel_timer()
+        self._drop_probe()
         fds, self._fds = self._fds, set()
         if self._loop.is_closed():
             return
@@ -166,6 +230,20 @@ class _HandleBinding(AsyncioBinding):
         if self._error is None:
             self._error = exc
         self.wake()
+
+    def _look_soon(self, handles: list[int], on_armed: OnHandle | None) -> None:
+        """A wait handle stays signalled until the reader resets it: waiting on it takes
+        nothing, and the look at its rings can come at once."""
+        if on_armed is not None:
+            for handle in handles:
+                self._loop.call_soon(self._look, handle, on_armed)
+
+    def _look(self, handle: int, on_armed: OnHandle) -> None:
+        if self._watching(handle):
+            on_armed(handle)
+
+    def _watching(self, handle: int) -> bool:
+        raise NotImplementedError
 
     async def wait(self) -> None:
         if self._error is None:
@@ -189,11 +267,14 @@ class ThreadedHandleBinding(_HandleBinding):
         self._on_ready: Callable[[int], None] | None = None
 
     def watch(
-        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None,
+        on_armed: OnHandle | None = None,
     ) -> None:
         self._on_ready = on_ready
-        watched = [*(self._watcher.handles if self._watcher else ()), *handles]
+        new = list(handles)
+        watched = [*(self._watcher.handles if self._watcher else ()), *new]
         self._restart(watched)
+        self._look_soon(new, on_armed)
 
     def _restart(self, handles: list[int]) -> None:
         from .win32 import HandleWaiterThread
@@ -205,6 +286,9 @@ class ThreadedHandleBinding(_HandleBinding):
             self._watcher = HandleWaiterThread(
                 handles, self._on_ready, self.call_soon_threadsafe, self._failed
             )
+
+    def _watching(self, handle: int) -> bool:
+        return self._watcher is not None and handle in self._watcher.handles
 
     def forget(self, handle: int) -> None:
         watcher = self._watcher
@@ -235,17 +319,24 @@ class ProactorHandleBinding(_HandleBinding):
         self._on_ready: Callable[[int], None] | None = None
 
     def watch(
-        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None,
+        on_armed: OnHandle | None = None,
     ) -> None:
         self._on_ready = on_ready
+        new: list[int] = []
         try:
             for handle in handles:
                 if handle not in self._watched:
                     self._watched.add(handle)
                     self._register(handle)
+                    new.append(handle)
         except BaseException:
             self.stop()
             raise
+        self._look_soon(new, on_armed)
+
+    def _watching(self, handle: int) -> bool:
+        return handle in self._watched
 
     def _register(self, handle: int) -> None:
         fut = self._proactor.wait_for_handle(handle)

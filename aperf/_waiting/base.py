@@ -28,12 +28,19 @@ class LoopBinding(Protocol):
         ...
 
     def watch(
-        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None,
+        on_armed: OnHandle | None = None,
     ) -> None:
         """Call ``on_ready(handle)`` on the loop each time a handle fires.
 
         ``acknowledge`` is the source's: a binding that must re-arm a handle
         before ``on_ready`` runs clears its readiness with it first (trio).
+        ``on_armed(handle)`` runs on the loop once, after the loop's wait has
+        taken the handle in: arming a perf fd polls it, and that poll takes a
+        wakeup that came before it without the wait reporting it, so the driver
+        looks at the handle's rings then. A loop may arm later than ``watch()``
+        returns (uvloop arms in the poll phase of its next iteration, after its
+        timers): the binding knows when.
         """
         ...
 

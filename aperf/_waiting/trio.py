@@ -7,9 +7,10 @@ user passing a nursery. Inside it:
 - a *watcher* per readiness handle loops on ``trio.lowlevel.wait_readable``;
   when its handle fires it acknowledges it, hands it to the pump and at once
   waits again;
-- the *pump* calls the driver's ``on_ready`` for the handles that fired and
-  runs the drain timer: it parks in a cancel scope whose deadline is the
-  timer's (trio's own timeouts are cancel scopes too).
+- the *pump* calls the driver's ``on_armed`` for the handles the watchers
+  armed for the first time and ``on_ready`` for those that fired, and runs
+  the drain timer: it parks in a cancel scope whose deadline is the timer's
+  (trio's own timeouts are cancel scopes too).
 
 Windows wait handles (eBPF for Windows, handle kind ``win32``) are watched by
 ``trio_win32``'s ``TrioHandleWatcher`` in the same system task instead: worker
@@ -23,7 +24,9 @@ wakeup that arrives after a wakeup was reported but before the re-arm is
 consumed by the re-arm and never reported (measured: a sample pending, nothing
 reported). Re-arming first and draining after means that every sample written
 before the re-arm is taken by the drain that follows it, and every later one
-wakes the armed watcher.
+wakes the armed watcher. The first arm is no different: the watcher marks its
+fd armed before its first wait, and the pump looks at the fd's rings
+(``on_armed``) after that wait registered it.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class TrioBinding:
         self._ready: dict[int, None] = {}  # handles that fired, in order, for the pump
         self._on_ready: Callable[[int], None] = lambda handle: None
         self._acknowledge: Callable[[int], None] = lambda handle: None
+        self._on_armed: Callable[[int], None] | None = None
+        self._armed: dict[int, None] = {}  # handles armed for the first time, for the pump
         self._at: float | None = None
         self._callback: Callable[[], None] = _nothing
         self._pump: trio.lowlevel.Task | None = None  # the pump while parked
@@ -73,7 +78,6 @@ class TrioBinding:
         self._nursery: trio.Nursery | None = None
         self._spawned = False
         self._stopped = False
-        self._look = False  # handles were armed: look at every ring once
 
     # --- the system task ------------------------------------------------------------
 
@@ -91,7 +95,7 @@ class TrioBinding:
 
                     self._handles = TrioHandleWatcher(nursery, self._failed)
                     self._handles.watch(list(self._fds), self._handle_fired)
-                    self._look = True  # as after a first arm: look at every ring once
+                    self._armed.update(dict.fromkeys(self._fds))  # as after a first arm
                 else:
                     for fd in list(self._fds):
                         nursery.start_soon(self._watch_one, fd)
@@ -113,8 +117,9 @@ class TrioBinding:
     async def _watch_one(self, fd: int) -> None:
         wait_readable = trio.lowlevel.wait_readable
         # The first arm can eat a wakeup as every re-arm can (see the module's
-        # docstring): the pump looks at every ring once after it.
-        self._look = True
+        # docstring): the pump looks at this fd's rings after the wait below
+        # registered it (the pump runs in a later batch).
+        self._armed[fd] = None
         self._kick()
         # forget() and stop() take the fd out of the set (and wake us through
         # notify_closing) before it is closed: never wait on a closed fd number.
@@ -133,10 +138,19 @@ class TrioBinding:
             self._kick()
 
     async def _pump_loop(self) -> None:
+        checkpoint = trio.lowlevel.checkpoint
         while not self._stopped:
-            if self._look:
-                self._look = False
-                self._callback()  # the driver's timer callback looks at every ring
+            armed = self._armed
+            if armed:
+                handles = list(armed)
+                armed.clear()
+                on_armed = self._on_armed
+                for fd in handles:
+                    if on_armed is not None and fd in self._fds:
+                        on_armed(fd)
+                # Every round that did work yields: a task that does not lets no other
+                # run (the consumer, trio's own timeouts, Ctrl-C), whatever it is fed.
+                await checkpoint()
                 continue
             ready = self._ready
             if ready:
@@ -145,11 +159,13 @@ class TrioBinding:
                 for fd in handles:
                     if fd in self._fds:
                         self._on_ready(fd)
+                await checkpoint()
                 continue
             at = self._at
             if at is not None and self.time() >= at:
                 self._at = None
                 self._callback()
+                await checkpoint()
                 continue
             with trio.CancelScope(deadline=math.inf if at is None else at) as scope:
                 self._pump_scope = scope
@@ -173,15 +189,20 @@ class TrioBinding:
     # --- LoopBinding ------------------------------------------------------------------
 
     def watch(
-        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None
+        self, handles: Iterable[int], on_ready: OnHandle, acknowledge: OnHandle | None = None,
+        on_armed: OnHandle | None = None,
     ) -> None:
         self._on_ready = on_ready
         if acknowledge is not None:
             self._acknowledge = acknowledge
+        if on_armed is not None:
+            self._on_armed = on_armed
         new = [fd for fd in handles if fd not in self._fds]
         self._fds.update(new)
         if self._handles is not None:
             self._handles.watch(new, self._handle_fired)
+            self._armed.update(dict.fromkeys(new))
+            self._kick()
         elif self._nursery is not None:
             for fd in new:
                 self._nursery.start_soon(self._watch_one, fd)
@@ -191,6 +212,7 @@ class TrioBinding:
         if handle in self._fds:
             self._fds.discard(handle)
             self._ready.pop(handle, None)
+            self._armed.pop(handle, None)
             if self._handles is not None:
                 self._handles.forget(handle)
                 return
@@ -255,6 +277,7 @@ class TrioBinding:
         self._stopped = True
         fds, self._fds = self._fds, set()
         self._ready.clear()
+        self._armed.clear()
         self._at = None
         if not self._inside_run():
             return  # the run is over: its tasks and fd registrations are gone

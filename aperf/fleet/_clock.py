@@ -13,29 +13,10 @@ the offset fits it only on a host that never slept.
 
 from __future__ import annotations
 
-import time
+from .._boottime import boot_offset_ns as boot_offset_ns  # measured where recordings use it
 
 BOOT_OFFSET_HEADER = "Aperf-Boot-Offset-Ns"
 _MAX_DIGITS = 21  # a signed 64-bit nanosecond count, and its sign
-
-
-def boot_offset_ns(tries: int = 5) -> int | None:
-    """This host's wall clock minus CLOCK_BOOTTIME (ns), or None where there is none.
-
-    The narrowest of a few reads between two boot-time reads: one preempted read
-    (milliseconds, on a busy machine) would put every event that far off.
-    """
-    boottime = getattr(time, "CLOCK_BOOTTIME", None)
-    if boottime is None:  # not Linux
-        return None
-    best_width, best = None, 0
-    for _ in range(tries):
-        before = time.clock_gettime_ns(boottime)
-        wall = time.time_ns()
-        after = time.clock_gettime_ns(boottime)
-        if best_width is None or after - before < best_width:
-            best_width, best = after - before, wall - (before + after) // 2
-    return best
 
 
 def parse_boot_offset(text: str | None) -> int | None:

@@ -1022,24 +1022,38 @@ async def test_the_reader_has_each_hosts_boot_clock_offset(nats_server: NatsServ
 
 def test_the_viewer_shows_when_the_event_happened(kernel: None, nats_server: NatsServer) -> None:
     """An exec stamped ten minutes ago is shown ten minutes ago, not when it was read.
-    (``kernel``: the tier where the tracer's object is built; it is opened, not loaded.)"""
-    from aperf._tools.trace.cli import FLEET_STREAM, shipped_object
-    from aperf._tools.trace.render import event_decoder
 
+    The sender runs in a time namespace whose boot clock is an hour ahead, so that
+    "ten minutes ago" exists on a machine booted a minute ago too; its sink announces
+    that namespace's boot offset, as a sender on another host would announce its own.
+    (``kernel``: the tier where the tracer's object is built; it is opened, not loaded.)"""
     url = nats_server.url
     asyncio.run(create_stream(url))
-    boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     ago = 600 * 10**9
-    assert boot_now > ago, "the machine booted less than ten minutes ago"
-    with aperf.BPFObject(shipped_object()) as obj:
-        data = exec_event_bytes(event_decoder(obj), 4242, boot_now - ago)
+    sender = f"""
+import asyncio, time
+import aperf
+from aperf.fleet import JetStreamSink
+from aperf._tools.trace.cli import FLEET_STREAM, shipped_object
+from aperf._tools.trace.render import event_decoder
+from tests.fleet.test_fleet import exec_event_bytes
 
-    async def publish() -> None:
-        async with JetStreamSink(url, host="past", name=FLEET_STREAM) as sink:
-            await sink.send([aperf.Sample(0, data)])
-            await sink.flush()
+boot_now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+assert boot_now > {ago}, boot_now
+with aperf.BPFObject(shipped_object()) as obj:
+    data = exec_event_bytes(event_decoder(obj), 4242, boot_now - {ago})
 
-    asyncio.run(publish())
+async def publish() -> None:
+    async with JetStreamSink({url!r}, host="past", name=FLEET_STREAM) as sink:
+        await sink.send([aperf.Sample(0, data)])
+        await sink.flush()
+
+asyncio.run(publish())
+"""
+    subprocess.run(
+        ["unshare", "--time", "--boottime", "3600", "--fork", sys.executable, "-c", sender],
+        cwd=REPO, check=True, timeout=120,
+    )
     with Lines("examples.fleet_view", "--nats", url) as viewer:
         viewer.read_until(lambda seen: any(" EXEC  old " in line for line in seen))
         (line,) = [line for line in viewer.seen if " EXEC  old " in line]

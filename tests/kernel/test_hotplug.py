@@ -86,7 +86,7 @@ async def test_stream_drains_a_cpu_gone_offline_and_reads_it_when_back(
 ) -> None:
     events: list[object] = []
     async with aperf.PerfStream(producer.map, pages=1, wakeup=NEVER) as stream:
-        await anyio.sleep(0.05)  # the first look at the rings, due at open, is over
+        await anyio.sleep(0.05)  # the look at the rings once the loop armed them is over
         producer.emit(N, cpu=1)  # nothing reads meanwhile: the loop is blocked here
         dropped = producer.counters().failed
         assert dropped > 0

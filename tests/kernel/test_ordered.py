@@ -2,13 +2,21 @@
 timestamps (bytes 8..15 of every producer sample are ``bpf_ktime_get_ns()``); the
 stream hands them out in time order, exactly once each, on asyncio, uvloop and trio,
 as events, as arrays and through the sync ``PerfBuffer``; a sample that comes after
-later ones were released is delivered, flagged late and counted."""
+later ones were released is delivered, flagged late and counted. A backlog (one CPU's
+samples, then the other's, all written before the stream reads) comes out in time
+order with none late, on every loop and wakeup mode; and no ordered stream freezes
+trio (those run in a child process with a timeout, so that a freeze fails the test
+instead of hanging the suite)."""
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import json
 import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +31,13 @@ CPUS = sorted(os.sched_getaffinity(0))
 A, B = CPUS[0], CPUS[-1]
 ROUNDS, N = 6, 300  # per round: N on A, N on B, N on A, N on B; read between rounds
 PER_ROUND = 4 * N
+# The interleaved rounds test the watermarks, not lateness: held for as long as it takes,
+# an event never goes early because the machine was slow (a busy machine can stall a
+# reader for longer than the default 100 ms).
+PATIENT = 3600.0
+BACKLOG = 20_000  # per CPU: 800 KB of records, in 1 MiB rings (pages=256)
+WAKEUPS = ["lowest-latency", "balanced", "throughput"]
+CHILD_TIMEOUT = 120  # seconds: a frozen child is killed and the test fails
 
 
 class Ev(ctypes.Structure):
@@ -58,7 +73,8 @@ def check_stats(stats: aperf.StreamStatistics, total: int, late: int = 0) -> Non
 
 async def test_two_cpus_interleaved_come_out_in_time_order(producer: Producer) -> None:
     got: list[Any] = []
-    async with aperf.PerfStream(producer.map, decoder=Ev, order_by="ts", pages=256) as stream:
+    async with aperf.PerfStream(producer.map, decoder=Ev, order_by="ts", pages=256,
+                                lateness=PATIENT) as stream:
         for r in range(ROUNDS):
             emit_round(producer)
             with anyio.fail_after(10):
@@ -80,7 +96,8 @@ async def test_two_cpus_interleaved_come_out_in_time_order_as_arrays(
     stamps: list[int] = []
     seqs: list[int] = []
     cpus: list[int] = []
-    async with aperf.PerfStream(producer.map, decoder=Ev, order_by="ts", pages=256) as stream:
+    async with aperf.PerfStream(producer.map, decoder=Ev, order_by="ts", pages=256,
+                                lateness=PATIENT) as stream:
         for r in range(ROUNDS):
             emit_round(producer)
             with anyio.fail_after(10):
@@ -101,8 +118,14 @@ def test_two_cpus_interleaved_come_out_in_time_order_from_the_sync_buffer(
     producer: Producer,
 ) -> None:
     got: list[Any] = []
+    # Flaky under load before issue 28: a take built at most 256 queued samples into the
+    # orderer, and a ring with samples not built yet held the release point at minus
+    # infinity, so a round took several takes, each a drain period apart; on a busy
+    # machine that outlasted `lateness`, which released one CPU's samples before the
+    # other's, late (reproduced with lateness=0.003 s: 132 to 352 of 7200 late in 7 of
+    # 12 runs). Everything queued is now ordered at once.
     with aperf.PerfBuffer(producer.map, decoder=Ev, order_by="ts", pages=256,
-                          on_sample=got.append) as pb:
+                          on_sample=got.append, lateness=PATIENT) as pb:
         for r in range(ROUNDS):
             emit_round(producer)
             for _ in range(100):
@@ -165,3 +188,168 @@ async def _take(stream: Any, count: int) -> Any:
         count -= 1
         if not count:
             return
+
+
+# --- a backlog, and trio (issue 28) -------------------------------------------------------
+
+CHILD_PRELUDE = f"""
+import ctypes, itertools, json, sys
+import anyio
+import aperf
+from aperf.testing import Producer
+
+A, B = {A}, {B}
+
+class Ev(ctypes.Structure):
+    _fields_ = [("seq", ctypes.c_uint64), ("ts", ctypes.c_uint64)]
+
+def summary(events, stats):
+    samples = [e for e in events if isinstance(e, aperf.Sample)]
+    return {{
+        "events": len(events), "samples": len(samples),
+        "seqs_once": sorted(e.value.seq for e in samples) == list(range(len(samples))),
+        "in_order": all(a.value.ts <= b.value.ts for a, b in itertools.pairwise(samples)),
+        "flagged_late": sum(e.late for e in samples),
+        "first_cpu": samples[0].cpu if samples else None,
+        "stats": [stats.samples, stats.lost, stats.late, stats.pending],
+    }}
+
+def run(main, loop, *args):
+    options = {{"use_uvloop": True}} if loop == "uvloop" else {{}}
+    backend = "trio" if loop == "trio" else "asyncio"
+    print(json.dumps(anyio.run(main, *args, backend=backend, backend_options=options)))
+"""
+
+
+def run_child(body: str, *args: object) -> Any:
+    """Run ``body`` after CHILD_PRELUDE in a new interpreter; what it printed, as JSON. A
+    child that does not finish in CHILD_TIMEOUT (a frozen loop) is killed: the test fails."""
+    if A == B:
+        pytest.skip("needs two CPUs")
+    script = CHILD_PRELUDE + textwrap.dedent(body)
+    try:
+        done = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the child did not finish in {CHILD_TIMEOUT} s (a frozen loop?): "
+                    f"{exc.stdout!r} {exc.stderr!r}")
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def check_backlog(result: dict[str, Any], total: int) -> None:
+    """Exactly ``total`` samples, each once, in time order, none late; CPU B wrote first."""
+    assert result == {
+        "events": total, "samples": total, "seqs_once": True, "in_order": True,
+        "flagged_late": 0, "first_cpu": B, "stats": [total, 0, 0, 0],
+    }
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_a_backlog_comes_out_in_time_order_with_none_late(loop: str) -> None:
+    # CPU B writes its samples, then CPU A, all before the stream reads: the ring read
+    # first (A's) holds the later samples. Before issue 28, A's came out first, then all
+    # of B's flagged late (each take ordered 256 queued samples; B's unbuilt ones held
+    # the release point at minus infinity until `lateness` let A's go); and on trio the
+    # stream froze the program. Every wakeup mode, one child per loop.
+    results = run_child("""
+        async def main(wakeup, n):
+            with Producer() as p:
+                async with aperf.PerfStream(p.map, decoder=Ev, order_by="ts", pages=256,
+                                            wakeup=wakeup) as stream:
+                    p.emit(n, size=32, cpu=B)
+                    p.emit(n, size=32, cpu=A)
+                    got = []
+                    with anyio.fail_after(60):
+                        async for event in stream:
+                            got.append(event)
+                            if len(got) == 2 * n:
+                                break
+                    return summary(got, stream.statistics())
+
+        async def every(n):
+            return [await main(wakeup, n) for wakeup in sys.argv[2].split(",")]
+
+        run(every, sys.argv[1], int(sys.argv[3]))
+        """, loop, ",".join(WAKEUPS), BACKLOG)
+    assert len(results) == len(WAKEUPS)
+    for result in results:
+        check_backlog(result, 2 * BACKLOG)
+
+
+@pytest.mark.parametrize("wakeup", WAKEUPS)
+def test_a_backlog_comes_out_in_time_order_from_the_sync_buffer(
+    producer: Producer, wakeup: str,
+) -> None:
+    # What aperf took out of the rings is never late, whatever `lateness`: 1 ms here, far
+    # less than it takes to build 40,000 events. Before issue 28, when it ran out, the
+    # samples of the ring built first went, and the other's earlier ones came after them,
+    # late. Two halves per CPU, interleaved in time: whichever ring is drained first has
+    # samples later than some of the other's.
+    got: list[Any] = []
+    with aperf.PerfBuffer(producer.map, decoder=Ev, order_by="ts", pages=256, wakeup=wakeup,
+                          on_sample=got.append, lateness=0.001) as pb:
+        for cpu in (B, A, B, A):
+            producer.emit(BACKLOG // 2, size=32, cpu=cpu)
+        for _ in range(100):
+            if len(got) == 2 * BACKLOG:
+                break
+            pb.poll(100)
+        stats = pb.statistics()
+    assert len(got) == 2 * BACKLOG and got[0].cpu == B
+    assert not any(e.late for e in got)
+    assert all(a.value.ts <= b.value.ts for a, b in itertools.pairwise(got))
+    assert sorted(e.value.seq for e in got) == list(range(2 * BACKLOG))
+    check_stats(stats, 2 * BACKLOG)
+
+
+def test_consume_hands_over_everything_the_rings_hold_in_time_order(producer: Producer) -> None:
+    # libbpf's perf_buffer__consume(): everything every ring holds now. Before issue 28 an
+    # ordered buffer's consume() returned 0 with thousands of samples waiting, so a
+    # libbpf-style `while pb.consume(): ...` handed over nothing.
+    got: list[Any] = []
+    with aperf.PerfBuffer(producer.map, decoder=Ev, order_by="ts", pages=256,
+                          on_sample=got.append) as pb:
+        producer.emit(BACKLOG, size=32, cpu=B)
+        producer.emit(BACKLOG, size=32, cpu=A)
+        assert pb.consume() == 2 * BACKLOG
+        assert pb.consume() == 0
+        for cpu in (A, B, A, B):  # interleaved in time
+            producer.emit(500, size=32, cpu=cpu)
+        handed = []
+        while count := pb.consume():
+            handed.append(count)
+        stats = pb.statistics()
+    assert handed == [2000]
+    assert len(got) == 2 * BACKLOG + 2000 and not any(e.late for e in got)
+    assert all(a.value.ts <= b.value.ts for a, b in itertools.pairwise(got))
+    assert sorted(e.value.seq for e in got) == list(range(2 * BACKLOG + 2000))
+    check_stats(stats, 2 * BACKLOG + 2000)
+
+
+def test_a_trio_consumer_that_waits_while_events_are_held_is_not_frozen() -> None:
+    # Events held for ordering, older than `lateness`, while the consumer waits on
+    # something else: the drain timer's deadline stayed in the past until the consumer
+    # took, and trio's system task re-ran its tick without a checkpoint: 100% CPU,
+    # trio.fail_after never fired, the program frozen (before issue 28).
+    result = run_child("""
+        async def main(n):
+            with Producer() as p:
+                async with aperf.PerfStream(p.map, decoder=Ev, order_by="ts",
+                                            lateness=0.05) as stream:
+                    p.emit(n, size=32, cpu=B)
+                    p.emit(n, size=32, cpu=A)
+                    with trio.fail_after(30):
+                        got = [await anext(stream)]  # B's are released; A's held
+                        await trio.sleep(0.5)  # ten times `lateness`, taking nothing
+                        async for event in stream:
+                            got.append(event)
+                            if len(got) == 2 * n:
+                                break
+                    return summary(got, stream.statistics())
+
+        import trio
+        run(main, "trio", int(sys.argv[1]))
+        """, 100)
+    check_backlog(result, 200)

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+import aperf
+
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
 # "%-8s %-5s %-16s %-7d %-7d %s": time, event, comm, pid, ppid, filename or [code] (Nms)
@@ -392,6 +394,62 @@ def test_shards_with_ringbuf_or_nats_is_a_usage_error(other: list[str]) -> None:
     assert "--shards reads a perf event array in several processes" in proc.stderr
 
 
+# --- one object, either ring (--buffer) ---------------------------------------------------
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize(("options", "ring"), [
+    ([], "perf"), (["--buffer", "perf"], "perf"), (["--buffer", "ringbuf"], "ringbuf"),
+    (["--ringbuf"], "ringbuf"),
+    (["--buffer", "auto"], "ringbuf"),  # Linux 6.18 has ring buffers
+])
+def test_the_loader_makes_the_tracers_buffer_either_ring(
+    tracefs: None, options: list[str], ring: str
+) -> None:
+    # The tool's one object (tracer.bpf.c, APERF_BUFFER): the ring is the loader's choice.
+    with Tracer("--json", *options, command="tool") as tracer:
+        tracer.wait_json_ready()
+        rc, _ = tracer.stop()
+    assert rc == 0, tracer.stderr
+    cpus = {json.loads(line)["cpu"] for line in tracer.seen}
+    if ring == "ringbuf":
+        assert cpus == {aperf.NO_CPU}  # one ring for every CPU
+    else:
+        assert cpus and aperf.NO_CPU not in cpus and cpus <= set(range(os.cpu_count() or 1))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--ringbuf", "--buffer", "perf"], "--ringbuf is --buffer ringbuf"),
+    (["--shards", "2", "--buffer", "auto"], "--shards reads a perf event array"),
+])
+def test_buffer_options_that_do_not_go_together(options: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, *COMMANDS["tool"], *options],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_the_example_keeps_its_twin_and_takes_no_buffer_choice() -> None:
+    proc = subprocess.run([sys.executable, *COMMANDS["example"], "--buffer", "auto"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "ring buffer twin is --ringbuf" in proc.stderr
+
+
+@pytest.mark.kernel
+def test_a_buffer_choice_for_an_object_without_a_buffer_is_an_option_error(
+    tracefs: None,
+) -> None:
+    legacy = REPO / "bpf" / "bootstrap_legacy.bpf.o"  # a plain perf event array
+    proc = subprocess.run(
+        [sys.executable, *COMMANDS["tool"], "--buffer", "ringbuf", "--object", str(legacy)],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"aperf-trace: --buffer chooses the ring of an object declaring APERF_BUFFER "
+        f"(<aperf/buffer.bpf.h>); {legacy} has none: leave --buffer out"
+    ]
+
+
 # --- JSON --------------------------------------------------------------------------------
 
 
@@ -410,7 +468,11 @@ def test_json_lines_carry_every_field(tracefs: None, tmp_path: Path) -> None:
             return [r for r in records if pid in (r["pid"], r["ppid"])]
 
         def complete(lines: list[str]) -> bool:
-            return any(r["exit_event"] and r["pid"] == pid for r in records_of(lines))
+            # Every record asserted on below, whatever order they come in: ls's exec is
+            # on whichever CPU ran ls, and may be printed after sh's exit (an ordered
+            # stream releases an event it finds late after the ones it released).
+            kinds = {(r["event"], r["comm"]) for r in records_of(lines)}
+            return {("EXEC", "sh"), ("EXEC", "ls"), ("EXIT", "sh")} <= kinds
 
         records = records_of(tracer.read_until(complete))
         rc, _ = tracer.stop()

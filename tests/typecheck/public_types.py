@@ -109,3 +109,25 @@ async def user_ring_buffer(fd: int) -> None:
         await urb.send((1, 2), timeout=0.5)
         assert_type(urb.free_bytes(), int)
         assert_type(urb.encode((1, 2)), bytes)
+
+
+async def recordings(path: str) -> None:
+    stream = aperf.PerfStream(FakeRingSource(), decoder=struct.Struct("<QQ"))
+    async with stream:
+        stats = await stream.record(path, seconds=1.0, max_file_seconds=5)
+        assert_type(stats, aperf.RecorderStatistics)
+        assert_type(stats.unwritten, int)
+    source = aperf.replay(path, speed=2.0)
+    assert_type(source, aperf.ReplaySource)
+    async with aperf.PerfStream(source, decoder=source.decoder) as replayed:
+        async for item in replayed.arrays():
+            if isinstance(item, aperf.SampleArray):
+                batch = item.to_arrow()  # a pyarrow.RecordBatch (pyarrow has no types: Any)
+                del batch
+    with aperf.Recorder(path, struct.Struct("<QQ")) as recorder:
+        recorder.write(aperf.Lost(0, 1))
+        assert_type(recorder.statistics(), aperf.RecorderStatistics)
+    recording = aperf.Recording(path)
+    assert_type(recording.boot_offset_ns, int | None)
+    builder = aperf.ArrowBuilder(struct.Struct("<QQ"), max_rows=100)
+    assert_type(len(builder), int)

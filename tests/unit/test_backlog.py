@@ -8,6 +8,8 @@ import anyio
 import pytest
 
 import aperf
+from aperf._reading.reader import Reader
+from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
 PAYLOAD = bytes(36)  # 8 + 4 + 36: a 48-byte record; 85 fit in 4096 bytes
@@ -55,3 +57,34 @@ def test_drops_while_the_queue_is_full_are_queue_drops_the_rest_ring_drops(exact
     assert stats.queue_lost + stats.ring_lost == stats.lost == 831
     assert ring.high_water == 85 * 48 / 4096
     assert ring.backlog_bytes == 0  # closed
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "records"])
+def test_drops_on_every_ring_are_queue_drops_while_the_reader_is_paused(exact: bool) -> None:
+    # A full queue stops the reader draining every ring, not only the one whose drain it
+    # refused: a ring it had not tried yet (no wakeup, no tick reached it) is held back
+    # as much. On the kernel, uvloop's millisecond clock let a tick refuse CPU 0 and skip
+    # CPU 1 (drained in a later millisecond than the open): CPU 1's drops were ring drops.
+    src = FakeRingSource(cpus=[0, 1], ring_bytes=4096, exact_lost=exact)
+    wakeup = aperf.Wakeup.per_sample()
+    reader = Reader(src, src.open(RingConfig(None, wakeup)), wakeup=wakeup, clock=lambda: 0.0,
+                    max_pending=10)
+    ready = {cpu: src._rings[cpu].handle for cpu in (0, 1)}
+    for _ in range(10):
+        assert src.write(0, PAYLOAD)
+    assert reader.on_ready(ready[0]) == 10  # the queue is at its bound
+    assert src.write(0, PAYLOAD)
+    assert reader.on_ready(ready[0]) == 0 and reader.paused  # refused: paused from now on
+    written = [src.write(1, PAYLOAD) for _ in range(500)]  # CPU 1, never refused yet
+    assert written.count(True) == 85
+    events = reader.take(1000)  # the queue
+    events += reader.take(1000)  # below the low-water mark: every ring drained again
+    assert not reader.paused
+    assert src.write(1, PAYLOAD)  # without an exact count, its lost record comes now
+    reader.on_ready(ready[1])
+    events += reader.take(1000)
+    samples = sum(1 for e in events if isinstance(e, aperf.Sample) and e.cpu == 1)
+    lost = sum(e.count for e in events if isinstance(e, aperf.Lost) and e.cpu == 1)
+    assert (samples, lost) == (86, 415)
+    cpu1 = reader.statistics().cpus[1]
+    assert (cpu1.lost, cpu1.queue_lost, cpu1.ring_lost) == (415, 415, 0)

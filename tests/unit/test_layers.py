@@ -16,11 +16,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 # tools' NATS options, and the tools use aperf.fleet.
 FLOORS = {
     "_errors": 0, "_privileges": 0, "_log": 0, "_naming": 0, "_events": 0, "_options": 0,
+    "_boottime": 0,
     "_native": 1,  # the only ctypes: libbpf, ebpfapi.dll, libc's mmap
     "_waiting": 2,  # how drivers wait; knows no ring (the seam takes its HandleKind)
-    "_decoding": 3,
+    "_decoding": 3, "_arrow": 3,  # Arrow from the decoders' layouts (_arrow on _decoding)
     "_bpf": 4,  # BPF objects and BTF (BTF compiles decoders)
     "_rings": 5,  # the seam and the sources
+    "_recording": 5,  # recordings; their replay is a source (on the seam)
     "_reading": 6,  # the one reading policy
     "_drivers": 7,
     "__init__": 8, "abc": 8, "decoders": 8, "testing": 8,  # the public API
@@ -42,20 +44,22 @@ INSIDE = {
     "_waiting": {"base": 0, "epoll": 0, "win32": 0, "asyncio": 1, "trio_win32": 1,
                  "trio": 2, "__init__": 3},
     "_decoding": {"layout": 0, "decode": 1, "encode": 2},
-    "_bpf": {"map_types": 0, "btf": 0, "object": 1},
+    "_arrow": {"schema": 0, "columns": 1, "builder": 2},
+    "_recording": {"layouts": 0, "files": 1, "writer": 2, "replay": 2, "record": 3},
+    "_bpf": {"map_types": 0, "btf": 0, "header": 0, "object": 1},
     # The seam (the protocols and the segment types every format hands the reader) sits
     # under the formats and sources that implement it; Windows' ring buffer reads with
     # the ring buffer format.
     "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "perf": 2, "ringbuf": 2,
                "windows": 3},
     "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
-    "_rings.ringbuf": {"format": 0, "source": 1, "user_format": 1},
+    "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
     "_rings.windows": {"perf": 0, "ringbuf": 1},
     "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
                  "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
-    "_tools": {"nats_options": 0, "doctor": 0, "trace": 1},
+    "_tools": {"nats_options": 0, "doctor": 0, "trace": 1, "record": 2},
     "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "shards": 1, "cli": 2},
 }
 
@@ -83,7 +87,8 @@ NATIVE_USERS = {
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
-MAP_SOURCES = ("_rings.perf.source", "_rings.ringbuf.source", "_rings.windows")
+MAP_SOURCES = ("_rings.perf.source", "_rings.ringbuf.source", "_rings.ringbuf.array",
+               "_rings.windows")
 
 
 def module_of(path: Path) -> str:

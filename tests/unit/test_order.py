@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,6 +114,63 @@ def test_a_tick_wakes_the_consumer_once_held_events_can_go() -> None:
     assert reader.tick() >= 1 and reader.has_events()
     assert stamps(take(reader, 100)) == [5]
     assert reader.deadline is None  # nothing held, no timer (per-sample wakeups)
+
+
+def test_a_tick_never_leaves_the_deadline_in_the_past_while_the_consumer_waits() -> None:
+    reader, src, clock = make(lateness=0.1)
+    write(src, 0, 1, 5)
+    write(src, 1, 2)
+    assert stamps(take(reader, 100)) == [1, 2]  # 5 is held: CPU 1 was busy
+    clock.now += 1.0  # the consumer does something else: 5 held ten times `lateness`
+    for _ in range(3):
+        # The driver runs the timer at its deadline: it found 5 releasable and woke the
+        # consumer; it looks again a period later, not at once, again and again (that
+        # froze trio before issue 28).
+        assert reader.tick() >= 1 and reader.has_events()
+        assert reader.deadline is not None and reader.deadline > clock.now
+        clock.now += 0.001
+    assert stamps(take(reader, 100)) == [5] and reader.statistics().late == 0
+
+
+def test_everything_queued_is_ordered_at_once() -> None:
+    reader, src, clock = make()
+    write(src, 1, *range(600))  # CPU 1 first: the earlier stamps
+    write(src, 0, *range(600, 1200))
+    reader.drain_all()  # both rings queued, CPU 0's in front: more than a batch of each
+    assert reader.pending == 1200
+    out: list[Any] = []
+    while len(out) < 1200:
+        batch = reader.take(100)
+        assert batch  # no take waits for `lateness` (before issue 28 the first ones did:
+        out.extend(batch)  # 100 of CPU 0's built, CPU 1's raw held everything back)
+    assert stamps(out) == list(range(1200)) and not any(e.late for e in out)
+    assert reader.statistics().late == 0 and reader.pending == 0 and clock.now == 100.0
+
+
+def test_a_decode_error_under_raise_comes_once_and_loses_nothing() -> None:
+    def picky(data: bytes) -> Any:
+        seq, ts = QQ.unpack(data[:16])
+        if ts == 3:
+            raise ValueError("not this one")
+        return SimpleNamespace(seq=seq, ts=ts)
+
+    src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 16)
+    wakeup = aperf.Wakeup.per_sample()
+    reader = Reader(src, src.open(RingConfig(None, wakeup)), wakeup=wakeup, clock=Clock(),
+                    decoder=picky, decode_errors="raise", order_by=check_order_by("ts", picky),
+                    order_field="ts")
+    write(src, 0, 1, 3, 5)
+    write(src, 1, 2, 4)
+    reader.drain_all()
+    got: list[Any] = []
+    errors = []
+    for _ in range(4):
+        try:
+            got.extend(reader.take(100))
+        except aperf.DecodeError as exc:
+            errors.append(exc)
+    assert stamps(got) == [1, 2, 4, 5] and len(errors) == 1 and errors[0].cpu == 0
+    assert reader.pending == 0 and reader.statistics().decode_errors == 1
 
 
 def test_held_events_count_against_max_pending() -> None:

@@ -119,6 +119,24 @@ def test_drain_clock_relaxes_when_idle_and_tightens_on_traffic() -> None:
     assert reader.deadline == pytest.approx(clock.now + 0.002)
 
 
+def test_the_look_after_an_arm_drains_its_rings_and_what_it_finds_is_traffic() -> None:
+    # The look a driver takes once its loop armed a handle (an arm may take a wakeup):
+    # no wakeup is counted, and samples found keep the drain clock busy, as a tick's do
+    # (else a stream whose first samples only the look found went idle, and its timer
+    # came back in idle_latency instead of finding the queue full).
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=60, idle_after=0.01)
+    reader, src, clock = make(wakeup=wakeup)
+    clock.now += 0.05  # the loop armed the handles late: past idle_after
+    assert reader.look(fd(src, 0)) == 0 and reader.period(clock.now) == 60
+    src.write(0, Q.pack(1))
+    src.write(1, Q.pack(2))
+    assert reader.look(fd(src, 0)) == 1  # that handle's rings only
+    assert reader.period(clock.now) == 0.002
+    assert reader.deadline is not None and reader.deadline <= clock.now + 0.002
+    assert seqs(reader.take(10)) == [(0, 1)]
+    assert reader.statistics().wakeups == 0
+
+
 def test_a_tick_skips_a_ring_its_wakeup_drained_and_keeps_the_bound() -> None:
     reader, src, clock = make(wakeup=aperf.Wakeup.watermark(1 << 20, max_latency=0.002))
     clock.now = reader.deadline  # 100.002: both rings looked at
@@ -155,6 +173,20 @@ def test_backpressure_parks_the_timer_and_is_not_idleness() -> None:
     # drained without a wakeup, the timer back at max_latency.
     assert [s for _, s in seqs(reader.take(100))] == list(range(16, 21))
     assert not reader.paused and reader.deadline == pytest.approx(clock.now + 0.002)
+
+
+def test_a_tick_that_finds_the_queue_full_pauses_though_no_ring_is_due() -> None:
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=60, idle_after=0.01)
+    reader, src, clock = make(cpus=[0], wakeup=wakeup, max_pending=10)
+    for i in range(20):
+        src.write(0, Q.pack(i))
+    clock.now += 0.001
+    assert reader.on_ready(fd(src, 0)) == 20  # one span taken whole: the queue is full
+    clock.now += 0.02  # the tick comes late (a loaded machine), past idle_after; the ring
+    reader.tick()  # was drained since the tick before (none): not due, but held back
+    assert reader.paused and reader.deadline is None  # parked, not idle
+    assert reader.statistics().drain_period == 0.002
+    assert [s for _, s in seqs(reader.take(100))] == list(range(20))
 
 
 def test_per_sample_wakeups_need_no_timer() -> None:

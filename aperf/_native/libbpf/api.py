@@ -177,11 +177,40 @@ def set_map_initial_value(map_ptr: int, data: bytes) -> None:
     c.bpf_map__set_initial_value(map_ptr, data, len(data))
 
 
+def retype_map(map_ptr: int, map_type: int, key_size: int, value_size: int,
+               max_entries: int) -> None:
+    """Make an opened, not yet loaded map another type (libbpf-tools' ``bpf_buffer``):
+    its type first, then sizes that suit it (max_entries 0: a perf event array's slots
+    are then one per possible CPU)."""
+    c.bpf_map__set_type(map_ptr, map_type)
+    c.bpf_map__set_key_size(map_ptr, key_size)
+    c.bpf_map__set_value_size(map_ptr, value_size)
+    c.bpf_map__set_max_entries(map_ptr, max_entries)
+
+
+def inner_map_max_entries(map_ptr: int) -> int | None:
+    """A map-in-map's inner map template's ``max_entries`` (None: it has no template)."""
+    inner = c.bpf_map__inner_map(map_ptr)
+    return int(c.bpf_map__max_entries(inner)) if inner else None
+
+
+def map_type_supported(map_type: int) -> bool:
+    """Whether the running kernel creates maps of ``map_type`` (libbpf's probe)."""
+    return bool(c.libbpf_probe_bpf_map_type(map_type, None))
+
+
 def create_map(map_type: int, name: str, key_size: int, value_size: int,
                max_entries: int) -> int:
     """A new map's fd (the caller closes it), with no BTF."""
     return int(c.bpf_map_create(map_type, name.encode()[:15], key_size, value_size,
                                 max_entries, None))
+
+
+def map_fd_by_id(map_id: int) -> int:
+    """A new fd of the map with kernel id ``map_id`` (the caller closes it)."""
+    if isinstance(map_id, bool) or not isinstance(map_id, int) or not 0 < map_id < 1 << 32:
+        raise ArgumentError("map_id", f"map_id must be a map id (1..2**32-1), not {map_id!r}")
+    return int(c.bpf_map_get_fd_by_id(map_id))
 
 
 # --- map elements: every size checked before the syscall reads or writes our memory ---

@@ -173,10 +173,17 @@ bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.
 bpf_map__key_size = plain_fn("bpf_map__key_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__set_max_entries = int_fn("bpf_map__set_max_entries", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map__set_type = int_fn("bpf_map__set_type", ctypes.c_void_p, ctypes.c_int)
+bpf_map__set_key_size = int_fn("bpf_map__set_key_size", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map__set_value_size = int_fn("bpf_map__set_value_size", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map__inner_map = plain_fn("bpf_map__inner_map", ctypes.c_void_p, ctypes.c_void_p)
 bpf_map_create = int_fn(
     "bpf_map_create", ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
     ctypes.c_uint32, ctypes.c_void_p,
 )
+bpf_map_get_fd_by_id = int_fn("bpf_map_get_fd_by_id", ctypes.c_uint32)
+# 1 supported, 0 not, negative an error; the second argument is reserved (NULL).
+libbpf_probe_bpf_map_type = int_fn("libbpf_probe_bpf_map_type", ctypes.c_int, ctypes.c_void_p)
 bpf_map__initial_value = plain_fn(
     "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
 )

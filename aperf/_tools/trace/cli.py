@@ -51,38 +51,72 @@ FLEET_STREAM = "bootstrap_legacy"  # the stream name the tracer publishes under 
 Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-def shipped_object(name: str = "bootstrap_legacy") -> Path:
-    """A tracer's BPF object, as shipped in the aperf package (``bootstrap_legacy``:
-    perf event array; ``bootstrap``: BPF ring buffer)."""
+def shipped_object(name: str = "tracer") -> Path:
+    """A tracer's BPF object, as shipped in the aperf package (``tracer``: either ring,
+    the loader's choice; ``bootstrap_legacy``: perf event array; ``bootstrap``: BPF ring
+    buffer)."""
     return Path(str(resources.files("aperf") / "_objects" / f"{name}.bpf.o"))
 
 
 @contextlib.contextmanager
 def tracer_object(
-    path: str | os.PathLike[str], min_duration_ns: int = 0, ringbuf_bytes: int | None = None
+    path: str | os.PathLike[str], min_duration_ns: int = 0, ringbuf_bytes: int | None = None,
+    buffer: aperf.BufferChoice | None = None, *, strict: bool = False,
 ) -> Iterator[aperf.BPFObject]:
-    """Open the BPF object, set its ``min_duration_ns`` global (and the size of its ring
-    buffer, if it has one), load it and attach it.
+    """Open the BPF object, make its buffer the ring ``buffer`` says (an object with an
+    ``APERF_BUFFER``, tracer.bpf.c: ``"perf"`` when None, as the C original), set its
+    ``min_duration_ns`` global and the size of its ring buffer (``ringbuf_bytes``, if
+    the object's ring is one), load it and attach it. An object without such a buffer
+    (bootstrap_legacy.bpf.c, bootstrap.bpf.c) stays as it is; ``strict``: that is an
+    error (``--buffer`` was given).
 
     Closing the object (leaving the ``with`` block) detaches both programs and
     frees the maps.
     """
-    with aperf.BPFObject(path) as obj:
+    with aperf.BPFObject(path) as declared:  # opened, never loaded: what it declares
+        chooses = declared.buffer is not None
+    if strict and not chooses:
+        raise OptionError(
+            f"--buffer chooses the ring of an object declaring APERF_BUFFER "
+            f"(<aperf/buffer.bpf.h>); {os.fspath(path)} has none: leave --buffer out"
+        )
+    with aperf.BPFObject(path, buffer=(buffer or "perf") if chooses else None) as obj:
         # A ``const volatile`` global lives in .rodata: it can only be set before
         # load, and the verifier then treats it as a constant (dead branches vanish).
         obj.set_global("min_duration_ns", min_duration_ns)
-        if ringbuf_bytes is not None and "rb" in obj.maps:
-            obj.maps["rb"].set_max_entries(ringbuf_bytes)  # a ring buffer is sized at load
+        events = event_map(obj)
+        if ringbuf_bytes is not None and events.type == RINGBUF:
+            events.set_max_entries(ringbuf_bytes)  # a ring buffer is sized at load
         obj.load()
         obj.attach()
         yield obj
 
 
+RINGBUF = aperf.RingBufferSource.MAP_TYPE
+
+
+def event_map(obj: aperf.BPFObject) -> aperf.Map:
+    """The map the object's events go to: its ``APERF_BUFFER`` (tracer.bpf.c), its ring
+    buffer ``rb`` (bootstrap.bpf.c) or its perf event array ``perf_buffer``."""
+    for name in ("events", "rb"):
+        if name in obj.maps and (name == "rb" or obj.buffer is not None):
+            return obj.maps[name]
+    return obj.maps["perf_buffer"]
+
+
+def is_ring_buffer(source: aperf.Map | aperf.RingBufferSource) -> bool:
+    """Whether the events come through one BPF ring buffer (sized by the map, not pages=)."""
+    return isinstance(source, aperf.RingBufferSource) or source.type == RINGBUF
+
+
 def event_source(obj: aperf.BPFObject) -> aperf.Map | aperf.RingBufferSource:
-    """Where the object's events arrive: its ring buffer ``rb`` (bootstrap.bpf.c), with the
-    programs' own count of events that found no room, or its perf event array."""
-    if "rb" not in obj.maps:
-        return obj.maps["perf_buffer"]
+    """Where the object's events arrive: its ``APERF_BUFFER`` (whichever ring it became;
+    a ring buffer's drops come counted by the header), its ring buffer ``rb``
+    (bootstrap.bpf.c), with the programs' own count of events that found no room, or
+    its perf event array."""
+    events = event_map(obj)
+    if events.name != "rb":
+        return events
     dropped = obj.maps["dropped"]
 
     def dropped_events() -> int:  # the kernel counts no ring buffer drops: the programs do
@@ -126,11 +160,18 @@ class StopSignals(aperf.SignalCloser):
 
 
 class Printer:
-    """How the tracer shows each item of the stream: events on stdout, trouble on stderr."""
+    """How the tracer shows each item of the stream: events on stdout, trouble on stderr;
+    and, with ``--record DIR``, writes them to a recording too (``recorder``)."""
 
     def __init__(self, out: LineOutput, as_json: bool) -> None:
         self.out = out
         self.as_json = as_json
+        self.recorder: Any = None
+
+    async def record(self, items: list[Any]) -> None:
+        """Hand items to the recorder (in a worker thread: Parquet writes take time)."""
+        if self.recorder is not None and items:
+            await asyncio.to_thread(self.recorder.write, items)
 
     async def header(self) -> None:
         if not self.as_json:
@@ -158,13 +199,11 @@ async def trace(args: argparse.Namespace) -> int:
     out = await LineOutput.open()
     sink = await open_sink(args)
     try:
-        with StopSignals() as stop, tracer_object(
-            args.object, args.duration * 1_000_000, ringbuf_bytes(args)
-        ) as obj:
+        with StopSignals() as stop, loaded_tracer(args) as obj:
             stop.on_stop(out.stop)
             source = event_source(obj)
             stream = aperf.PerfStream(
-                source, pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
+                source, pages=perf_pages(args, source),
                 decoder=event_decoder(obj), wakeup=args.wakeup, order_by=order_by(args),
             )
             async with stream:
@@ -172,11 +211,18 @@ async def trace(args: argparse.Namespace) -> int:
                 # out what was already read, and ends.
                 stop.on_stop(stream.close)
                 printer = Printer(out, args.json)
+                recorder = open_recorder(args, obj, stream)
+                if recorder is not None:
+                    printer.recorder = recorder
                 await printer.header()
-                if sink is None:
-                    await show_all(stream, printer)
-                else:
-                    await publish(stream, printer, sink, stop)
+                try:
+                    if sink is None:
+                        await show_all(stream, printer)
+                    else:
+                        await publish(stream, printer, sink, stop)
+                finally:
+                    if recorder is not None:
+                        await asyncio.to_thread(recorder.close)
     finally:
         try:
             await out.aclose()
@@ -188,10 +234,40 @@ async def trace(args: argparse.Namespace) -> int:
 
 async def show_all(stream: aperf.PerfStream[Any], printer: Printer) -> None:
     """Print every item until the stream ends; close it if stdout's reader went away."""
+    if printer.recorder is not None:  # a batch at a time, each printed, then recorded
+        async for batch in stream.batches():
+            await show_batch(stream, printer, batch)
+        return
     async for item in stream:
         await printer.show(item)
         if printer.out.broken:
             stream.close()
+
+
+async def show_batch(stream: aperf.PerfStream[Any], printer: Printer, batch: list[Any]) -> None:
+    """Print a batch, then record it (``--record``); close the stream if stdout's reader
+    went away."""
+    for item in batch:
+        await printer.show(item)
+    await printer.record(batch)
+    if printer.out.broken:
+        stream.close()
+
+
+def open_recorder(args: argparse.Namespace, obj: aperf.BPFObject,
+                  stream: aperf.PerfStream[Any]) -> aperf.Recorder | None:
+    """With ``--record DIR``: a recorder of the tracer's events (``struct event``, from the
+    object's BTF), in DIR."""
+    if args.record is None:
+        return None
+    try:
+        return aperf.Recorder(
+            args.record, aperf.decoders.from_btf(obj, "event"), source="aperf-trace",
+            rings=[(c.map, c.cpu) for c in stream.statistics().cpus])
+    except aperf.MissingExtraError as exc:
+        raise SetupError(f"--record: {exc}") from None
+    except aperf.RecordingError as exc:
+        raise SetupError(f"--record: {exc}") from None
 
 
 async def open_sink(args: argparse.Namespace) -> Any:
@@ -236,10 +312,7 @@ async def publish(
 
     stop.on_stop(give_up)
     async for batch in stream.batches():
-        for item in batch:
-            await printer.show(item)
-        if printer.out.broken:
-            stream.close()
+        await show_batch(stream, printer, batch)
         if stop.requested:
             continue
         try:
@@ -294,22 +367,45 @@ def non_negative(text: str) -> int:
     return value
 
 
-def ringbuf_bytes(args: argparse.Namespace) -> int | None:
-    """The ring buffer's size from ``--pages`` with ``--ringbuf`` (None: a perf event array)."""
-    return args.pages * 4096 if args.ringbuf else None
+def ringbuf_bytes(args: argparse.Namespace) -> int:
+    """The size of the object's ring buffer, if its ring is one: ``--pages`` (default
+    ``DEFAULT_RINGBUF_PAGES``) of 4 KiB."""
+    return (args.pages or DEFAULT_RINGBUF_PAGES) * 4096
+
+
+def perf_pages(args: argparse.Namespace, source: aperf.Map | aperf.RingBufferSource) -> int | None:
+    """``pages=`` of the stream: each perf ring's (``--pages``, default ``DEFAULT_PAGES``);
+    None for a ring buffer, whose size is the map's."""
+    return None if is_ring_buffer(source) else args.pages or DEFAULT_PAGES
+
+
+def buffer_choice(args: argparse.Namespace) -> aperf.BufferChoice:
+    """The ring the loader makes of an ``APERF_BUFFER`` (tracer.bpf.c): ``--buffer``,
+    ``--ringbuf``'s ring buffer, or a perf event array as the C original."""
+    return args.buffer or ("ringbuf" if args.ringbuf else "perf")
+
+
+def loaded_tracer(args: argparse.Namespace) -> contextlib.AbstractContextManager[aperf.BPFObject]:
+    """``tracer_object`` as the options say."""
+    return tracer_object(args.object, args.duration * 1_000_000, ringbuf_bytes(args),
+                         buffer_choice(args), strict=args.buffer is not None)
 
 
 def parse_args(
     argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None,
     fleet: bool = True,
 ) -> argparse.Namespace:
-    """The options; ``default_object`` is the perf event array tracer's object, and the
-    ring buffer twin's (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
+    """The options. The tracer's object (``default_object`` None) is the shipped
+    tracer.bpf.o, whose ring the loader picks (``--buffer``, ``--ringbuf``); an example's
+    ``default_object`` is a perf event array tracer, whose ring buffer twin
+    (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
+    twin = default_object is not None
     default_object = default_object or shipped_object()
-    ringbuf_object = default_object.with_name("bootstrap.bpf.o")
+    ringbuf_object = default_object.with_name("bootstrap.bpf.o") if twin else default_object
     parser = argparse.ArgumentParser(
         prog=command,
-        description="Trace process exec and exit events (BPF perf event array, read by aperf).",
+        description="Trace process exec and exit events (a BPF perf event array or ring "
+        "buffer, read by aperf).",
     )
     parser.add_argument(
         "-d", "--duration", type=non_negative, default=0, metavar="MS",
@@ -328,13 +424,20 @@ def parse_args(
     parser.add_argument(
         "--pages", type=positive_power_of_two, default=None, metavar="N",
         help=f"ring size in 4 KiB pages, a power of two up to {MAX_PAGES}: per CPU "
-        f"(default {DEFAULT_PAGES}), or of the one ring buffer with --ringbuf "
+        f"(default {DEFAULT_PAGES}), or of the one ring buffer "
         f"(default {DEFAULT_RINGBUF_PAGES})",
     )
     parser.add_argument(
+        "--buffer", choices=("perf", "ringbuf", "auto"), default=None,
+        help="the ring the loader makes of the tracer's buffer before load: a perf event "
+        "array (default, a ring per CPU, as the C original), one BPF ring buffer for every "
+        "CPU, or auto: a ring buffer where the kernel has them (5.8+)",
+    )
+    parser.add_argument(
         "--ringbuf", action="store_true",
-        help="trace with the ring buffer twin (bootstrap.bpf.c, libbpf-bootstrap's "
-        "'bootstrap'): one BPF ring buffer for every CPU instead of a perf event array",
+        help="one BPF ring buffer for every CPU: the same as --buffer ringbuf"
+        + (" (here: the ring buffer twin, bootstrap.bpf.c, libbpf-bootstrap's 'bootstrap')"
+           if twin else ""),
     )
     parser.add_argument(
         "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
@@ -354,6 +457,12 @@ def parse_args(
         "--shards", type=positive, default=None, metavar="N",
         help="read the CPUs' rings in N processes (at most one per online CPU), for hosts "
         "where one process cannot keep up; the tracer is loaded once",
+    )
+    parser.add_argument(
+        "--record", metavar="DIR", default=None,
+        help="also write every event, and every loss, to Parquet files in DIR (a new or "
+        "empty directory; needs aperf-bpf[arrow]): aperf.Recording(DIR) and "
+        "aperf.replay(DIR) read them back (docs/recording.md)",
     )
     parser.add_argument(
         "--doctor", action="store_true",
@@ -378,14 +487,23 @@ def parse_args(
         )
         _natsargs.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.shards is not None and (args.ringbuf or getattr(args, "nats", None)):
+    if args.ringbuf and args.buffer not in (None, "ringbuf"):
+        parser.error(f"--ringbuf is --buffer ringbuf: it does not go with --buffer {args.buffer}")
+    if args.buffer is not None and twin:
+        parser.error("--buffer chooses the ring of the tracer's own object (aperf-trace); "
+                     "this one's ring buffer twin is --ringbuf")
+    if args.shards is not None and (
+        args.ringbuf or args.buffer not in (None, "perf") or getattr(args, "nats", None)
+        or args.record
+    ):
         parser.error("--shards reads a perf event array in several processes: it does not go "
-                     "with --ringbuf (one ring for every CPU) or --nats")
+                     "with --ringbuf or --buffer ringbuf/auto (one ring for every CPU), --nats "
+                     "or --record")
     if fleet and args.nats is not None:
         check_fleet_options(parser, args)
         _natsargs.check(parser, args)
-    if args.pages is None:
-        args.pages = DEFAULT_RINGBUF_PAGES if args.ringbuf else DEFAULT_PAGES
+    if args.pages is None and buffer_choice(args) != "auto":  # else known once loaded
+        args.pages = DEFAULT_RINGBUF_PAGES if buffer_choice(args) == "ringbuf" else DEFAULT_PAGES
     if args.object is None:
         args.object = ringbuf_object if args.ringbuf else default_object
     return args

@@ -71,7 +71,7 @@ def pinned(map_: aperf.Map) -> Iterator[str]:
 
 async def trace_sharded(args: argparse.Namespace) -> int:
     """Load once, start the shards, print their lines until they end (0 when all end well)."""
-    from .cli import StopSignals, tracer_object
+    from .cli import StopSignals, event_map, tracer_object
 
     out = await LineOutput.open()
     children: list[asyncio.subprocess.Process] = []
@@ -84,9 +84,11 @@ async def trace_sharded(args: argparse.Namespace) -> int:
                     child.send_signal(signal.SIGTERM)
 
     try:
-        with StopSignals() as stop, tracer_object(args.object, args.duration * 1_000_000) as obj:
+        with StopSignals() as stop, tracer_object(
+            args.object, args.duration * 1_000_000, buffer="perf"
+        ) as obj:
             shares = shard_cpus(online_cpus(), args.shards)
-            with pinned(obj.maps["perf_buffer"]) as pin:
+            with pinned(event_map(obj)) as pin:
                 for cpus in shares:
                     children.append(await asyncio.create_subprocess_exec(
                         # stdin: a pipe never written, whose end tells the child its parent died
