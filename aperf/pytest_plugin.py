@@ -12,6 +12,11 @@ marker and ``kernel``/``producer`` fixtures of its own).
 - ``aperf_producer``: the kernel [`Producer`][aperf.testing.Producer] (``Producer()``, or
   the arguments of an indirect parametrization), closed after the test. A test that takes
   it is marked ``aperf_kernel``.
+- ``aperf_replay``: a recording played back (``aperf.replay()``, docs/recording.md), of
+  the directory given by indirect parametrization (relative to the test's file), or of
+  ``replay()``'s arguments as a dict: ``@pytest.mark.parametrize("aperf_replay",
+  ["recordings/run1"], indirect=True)``; ``PerfStream(aperf_replay,
+  decoder=aperf_replay.decoder)`` reads it as the live stream was read. Freed after the test.
 - ``@pytest.mark.aperf_kernel``: the test needs a kernel that loads BPF programs. Where
   this process cannot (not root, or without CAP_BPF and CAP_PERFMON; a kernel that
   refuses aperf's producer), the test is skipped, saying why; under
@@ -19,22 +24,23 @@ marker and ``kernel``/``producer`` fixtures of its own).
   ``--aperf-require-bpf``) it fails instead, so that CI cannot pass by skipping. The
   ``aperf_bpf`` fixture does the same for a fixture of your own.
 
-A fixture for recorded replays comes with aperf's recordings (issue 32), which are not in
-this release. docs/testing.md shows all of it.
+docs/testing.md shows all of it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
+    from . import ReplaySource
     from .testing import FakeRingSource, Producer
 
-__all__ = ["aperf_bpf", "aperf_fake_source", "aperf_producer"]
+__all__ = ["aperf_bpf", "aperf_fake_source", "aperf_producer", "aperf_replay"]
 
 MARKER = "aperf_kernel"
 REQUIRE_ENV = "APERF_REQUIRE_BPF"
@@ -145,3 +151,27 @@ def aperf_producer(request: pytest.FixtureRequest, aperf_bpf: None) -> Iterator[
 
     with Producer(**dict(getattr(request, "param", None) or {})) as producer:
         yield producer
+
+
+@pytest.fixture
+def aperf_replay(request: pytest.FixtureRequest) -> Iterator[ReplaySource]:
+    """A recording played back (``aperf.replay()``): the recording's directory (relative
+    to the test's file), or a dict of ``replay()``'s arguments (``path``, ``speed``,
+    ``map``), by indirect parametrization; freed after the test. No root needed."""
+    from . import replay
+
+    param = getattr(request, "param", None)
+    if param is None:
+        pytest.fail(
+            "aperf_replay plays a recording: name it with @pytest.mark.parametrize("
+            '"aperf_replay", ["path/to/recording"], indirect=True)', pytrace=False,
+        )
+    kwargs = dict(param) if isinstance(param, Mapping) else {"path": param}
+    path = Path(kwargs["path"])
+    if not path.is_absolute() and (request.path.parent / path).exists():
+        kwargs["path"] = request.path.parent / path
+    source = replay(**kwargs)
+    try:
+        yield source
+    finally:
+        source.free()

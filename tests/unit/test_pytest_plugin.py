@@ -7,8 +7,12 @@ root and as a process without capabilities."""
 from __future__ import annotations
 
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
+
+import aperf
+from aperf.testing import FakeRingSource
 
 pytest_plugins = ["pytester"]
 
@@ -143,3 +147,49 @@ def test_p_no_aperf_turns_it_off(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:aperf")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'aperf_fake_source' not found*"])
+
+
+def record(path: Path) -> None:
+    """A recording of 10 samples and a loss on CPU 0, made from rings in memory."""
+    decoder = aperf.decoders.from_struct("<IQ", names="pid latency_ns")
+    src = FakeRingSource(cpus=[0], ring_bytes=256)
+    with aperf.Recorder(path, decoder, rings=[(None, 0)]) as recorder, aperf.PerfBuffer(
+        src, decoder=decoder, on_sample=recorder, on_lost=recorder
+    ) as pb:
+        fitted = sum(src.write(0, decoder.struct.pack(i, i * 10)) for i in range(12))
+        assert fitted == 10
+        pb.consume()
+        src.write(0, decoder.struct.pack(12, 120))  # the lost record goes in front of it
+        pb.consume()
+
+
+def test_the_replay_fixture_plays_a_recording_next_to_the_test(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pyarrow")
+    record(pytester.path / "recordings" / "run1")
+    pytester.makepyfile("""
+        import pytest
+
+        import aperf
+
+        @pytest.mark.parametrize("aperf_replay", ["recordings/run1"], indirect=True)
+        def test_replayed(aperf_replay):
+            got = []
+            with aperf.PerfBuffer(aperf_replay, decoder=aperf_replay.decoder,
+                                  on_sample=got.append, on_lost=got.append) as pb:
+                while not pb.closed:
+                    pb.poll(100)
+            assert [e.value.pid for e in got if isinstance(e, aperf.Sample)] == [
+                *range(10), 12]
+            assert [e for e in got if isinstance(e, aperf.Lost)] == [aperf.Lost(0, 2)]
+
+        @pytest.mark.parametrize("aperf_replay", [{"path": "recordings/run1", "speed": 1000}],
+                                 indirect=True)
+        def test_with_arguments(aperf_replay):
+            assert aperf_replay.speed == 1000 and aperf_replay.keys == [0]
+
+        def test_without_a_recording(aperf_replay):
+            pass
+    """)
+    result = run(pytester)
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*aperf_replay plays a recording: name it with*"])
