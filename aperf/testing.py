@@ -80,13 +80,16 @@ def sample_header(data: bytes) -> tuple[int, int]:
 @dataclass(frozen=True)
 class ProducerCounters:
     """The BPF side's own counts since load: outputs that succeeded, that failed (ring
-    full), and ring buffer records reserved and discarded on purpose (``discard_every``)."""
+    full), and ring buffer records reserved and discarded on purpose (``discard_every``);
+    ``no_ring``: of the failed perf outputs, those that found the map slot empty
+    (``-ENOENT``: no reader yet, paused, or closed), which no reader can count."""
 
     ok: int
     failed: int
     tag: int
     runs: int
     discarded: int = 0
+    no_ring: int = 0
 
 
 class Producer:
@@ -221,7 +224,7 @@ class Producer:
     def counters(self) -> ProducerCounters:
         """The BPF side's own counts since load."""
         values = [
-            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(5)
+            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(6)
         ]
         return ProducerCounters(*values)
 

@@ -1,8 +1,9 @@
 """Leases: columnar batches that view the perf rings' memory in place (docs/columnar.md).
 
 Once a stream gives its first lease, each of its perf rings is read through a
-``LeaseRing``: a second mapping of the ring, made by aperf (a Python
-``mmap.mmap``, ``_native/shared_ring.py``), that the readable span is viewed in
+``LeaseRing``: a read-only mapping of the ring, made by aperf (a Python
+``mmap.mmap``, ``_native/shared_ring.py``; no view of it can be made writable,
+where a write would kill the process), that the readable span is viewed in
 (a ``_Pin``: a NumPy byte array of that span, the base of every array made from
 it) instead of being copied out. ``data_tail`` then advances over a span only
 once nothing references its pin any more: not the reader's queue, not an

@@ -477,11 +477,11 @@ class PerfStream(Subscriptable[T]):
         still delivered; those refused while paused are neither delivered nor
         counted as lost by aperf (the BPF side's own failure count is the truth).
         Idempotent. A BPF ring buffer has no slots: ``UnsupportedError``."""
-        set_paused(self._require_open().source, True)
+        set_paused(self._require_live().source, True)
 
     def resume(self) -> None:
         """Put this stream's rings back into the map's slots (idempotent)."""
-        set_paused(self._require_open().source, False)
+        set_paused(self._require_live().source, False)
 
     def snapshot(self, order_by: str | None = None) -> list[Event[Any]]:
         """The newest records of every flight-recorder ring (``overwritable=True``), as
@@ -494,7 +494,7 @@ class PerfStream(Subscriptable[T]):
         (unless it was paused already). The rings keep their records: a second
         snapshot sees them again, with what came since. Decoding follows
         ``decode_errors``. ``UnsupportedError`` without flight-recorder rings."""
-        return snapshot(self._require_open(), order_by)
+        return snapshot(self._require_live(), order_by)
 
     # --- consuming ---------------------------------------------------------------------
 
@@ -505,6 +505,14 @@ class PerfStream(Subscriptable[T]):
                 "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
             )
         return held.usable()
+
+    def _require_live(self) -> Reader:
+        """The reader, for what needs the rings themselves (not only what the close left
+        queued, or the final counts): ClosedResourceError once closed."""
+        reader = self._require_open()
+        if self._closed:
+            raise ClosedResourceError("this PerfStream is closed")
+        return reader
 
     def _take(self, reader: Reader, max_items: int) -> list[Event[T]]:
         batch = reader.take(max_items)

@@ -290,6 +290,8 @@ class PerfBuffer(Subscriptable[T]):
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
+            if self._closed:
+                return self._left_by_close()
             reader = self._require_open()
             handled = self._wait_for(reader, timeout_ms, partial(self._dispatch, reader), 0)
             self._close_if_finished(reader)
@@ -368,11 +370,24 @@ class PerfBuffer(Subscriptable[T]):
             return batch
 
     def consume(self) -> int:
-        """Handle everything every ring holds now, without waiting. Events handled."""
+        """Handle everything every ring holds now, without waiting. Events handled.
+
+        After ``close()``: the events the close took out of the rings (see there)."""
         with self._lock:
+            if self._closed:
+                return self._left_by_close()
             reader = self._require_open()
             reader.flush()
             return self._dispatch(reader)
+
+    def _left_by_close(self) -> int:  # under self._lock, closed
+        """Hand over the events ``close()`` took out of the rings; ClosedResourceError
+        once none is left."""
+        held = self._held
+        handled = 0 if held.forked else self._dispatch(held.reader)
+        if not handled:
+            raise ClosedResourceError("this PerfBuffer is closed")
+        return handled
 
     def consume_buffer(self, cpu: int) -> int:
         """Handle what ``cpu``'s ring holds now (aperf keys rings by CPU id, see ``cpus``)."""
@@ -413,6 +428,11 @@ class PerfBuffer(Subscriptable[T]):
         handled = 0
         columnar = self._handlers.columnar
         while True:
+            if self._closing and not self._closed:
+                # A close() in another thread waits for the lock: let it in (taking
+                # also drains the rings, so a producer writing flat out would keep this
+                # loop going for ever). What the rings hold is the close's to take.
+                return handled
             batch = reader.take_arrays() if columnar else reader.take(DEFAULT_BATCH)
             if not batch:
                 return handled
@@ -454,10 +474,14 @@ class PerfBuffer(Subscriptable[T]):
         return self._wakeup
 
     def close(self) -> None:
-        """Stop waiting, then free the rings (fds closed, map slots deleted). Idempotent.
+        """Stop waiting, stop the producer (map slots emptied), take what the rings hold,
+        then free them (fds closed). Idempotent.
 
         From any thread: a poll() waiting in another thread is woken and raises
-        ClosedResourceError; the rings are freed once no call is inside them.
+        ClosedResourceError; the rings are freed once no call is inside them. What the
+        close took out of the rings (``statistics().pending``) is handed to the
+        callbacks by the next ``poll()`` or ``consume()``; once none is left they raise
+        ClosedResourceError.
         """
         if self._closed:
             return

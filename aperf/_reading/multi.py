@@ -377,18 +377,28 @@ class MultiSource:
         for member in self.members:
             getattr(member.source, step)()
 
+    def quiesce(self) -> None:
+        """Stop every member's producer (``QuiescingSource``) before the close drains any
+        ring: a map whose producer wrote on until the maps before it were freed would
+        lose what it wrote meanwhile. Every member is asked, even after one fails."""
+        self._each("quiesce", optional=True, forget=False)
+
     def free(self) -> None:
         self._each("free")
 
     def after_fork(self) -> None:
         self._each("after_fork")
 
-    def _each(self, step: str) -> None:
-        """Every member's ``step``, in order, even after one fails (the first error raised)."""
-        self._owner = {}
-        self._rings = [[] for _ in self.members]
+    def _each(self, step: str, *, optional: bool = False, forget: bool = True) -> None:
+        """Every member's ``step`` (``optional``: of those that have it), in order, even
+        after one fails (the first error raised); ``forget``: the rings too."""
+        if forget:
+            self._owner = {}
+            self._rings = [[] for _ in self.members]
         failure: BaseException | None = None
         for member in self.members:
+            if optional and not hasattr(member.source, step):
+                continue
             try:
                 getattr(member.source, step)()
             except BaseException as exc:  # raised below, after the others are done

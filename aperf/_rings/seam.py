@@ -227,6 +227,29 @@ class PausableSource(Protocol):
     def resume(self) -> None: ...
 
 
+class QuiescingSource(Protocol):
+    """What a source may add (optional): stopping its producer for good, before the
+    close's last drain.
+
+    ``quiesce()`` returns once nothing writes into the rings any more: a perf event
+    array empties its map slots (the BPF side's output fails with ``-ENOENT`` from then
+    on, counted by the BPF side only, as while paused) and waits for the BPF programs
+    that read a slot before that to return. The last drain then takes everything the
+    rings will ever hold, so freeing them loses nothing the kernel accepted. A source
+    without it is drained, then freed, as it is (a BPF ring buffer is the map's own
+    memory: what is written after the last drain stays in it for the map's next reader).
+    """
+
+    def quiesce(self) -> None: ...
+
+
+def quiesce(source: RingSource) -> None:
+    """The source's ``quiesce()``, if it has one (``QuiescingSource``)."""
+    step = getattr(source, "quiesce", None)
+    if step is not None:
+        step()
+
+
 def set_paused(source: RingSource, paused: bool) -> None:
     """``pause()``/``resume()`` of a driver: the source's, or ``UnsupportedError``."""
     step = getattr(source, "pause" if paused else "resume", None)

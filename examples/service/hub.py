@@ -76,6 +76,10 @@ class Hub:
         self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.cursors: set[Cursor] = set()
+        # Event stream responses under way (app.py counts them, from the request on, and
+        # refuses one more at the cap with 503: `refused`).
+        self.clients = 0
+        self.refused = 0
         # Events clients did not get, all clients together, by reason: too slow, back
         # too late, or cut off at shutdown with events still to take.
         self.missed: dict[str, int] = {"slow": 0, "reconnect": 0, "shutdown": 0}

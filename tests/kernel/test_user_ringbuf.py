@@ -314,6 +314,30 @@ def test_values_are_encoded_by_the_specs_decoders_take(echo: Echo, spec: str) ->
             assert decoder(urb.encode(got[0])) == got[0]  # a decoded record re-encodes
 
 
+class Chunk(ctypes.Structure):
+    """A message with a flexible tail: sizeof 16, the tail at 10."""
+
+    _fields_ = (("seq", ctypes.c_uint64), ("len", ctypes.c_uint16), ("data", ctypes.c_uint8 * 0))
+
+
+def test_flexible_tails_arrive_as_sent_and_decode_to_the_value(echo: Echo) -> None:
+    """Short tails (0 and 1 byte: ending in what would be sizeof's padding) and long
+    ones: the BPF side gets the fixed part and the tail, byte for byte, and what it
+    echoes decodes to the value sent."""
+    decode = aperf.decoders.from_ctypes(Chunk)
+    values = [(seq, len(tail), tail) for seq, tail in
+              enumerate([b"", b"x", b"abcdef", b"abcdefg", bytes(range(40))])]
+    with aperf.UserRingBuffer(echo.map, encoder=Chunk) as urb:
+        sent = [urb.encode(value) for value in values]
+        for value in values:
+            urb.send_nowait(value)
+        assert echo.drain() == len(values)
+    got = echo.echoed(len(values))
+    assert got == sent
+    assert [len(data) for data in got] == [10 + len(tail) for _, _, tail in values]
+    assert [decode(data) for data in got] == values
+
+
 def test_bad_values_name_the_field(echo: Echo) -> None:
     with aperf.UserRingBuffer(echo.map, encoder="user_message") as urb:
         for value, field in (

@@ -663,3 +663,28 @@ def test_the_sync_buffer_bounds_its_queue_with_max_pending() -> None:
     assert [seq(e) for e in got] == list(range(30))
     with pytest.raises(ValueError, match="max_pending"):
         aperf.PerfBuffer(src, max_pending=0, on_sample=got.append)
+
+
+def test_an_interrupt_during_the_waiters_close_writes_into_no_closed_fd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two PerfBuffer.close() at once: one closes the waiter while the other interrupts
+    it. An interrupt landing just after the eventfd was closed (simulated: right in
+    its os.close) must not write into it: the number may be another file's already."""
+    from aperf._waiting import epoll
+
+    waiter = epoll.EpollWaiter([])
+    wake_fd = waiter.wake_fd
+    real_close = epoll.os.close
+    interrupted: list[int] = []
+
+    def close_then_interrupt(fd: int) -> None:
+        real_close(fd)
+        if fd == wake_fd:
+            waiter.interrupt()  # the other thread's close, at the worst moment
+            interrupted.append(fd)
+
+    monkeypatch.setattr(epoll.os, "close", close_then_interrupt)
+    waiter.close()
+    assert interrupted == [wake_fd] and waiter.wake_fd == -1
+    waiter.interrupt()  # and after the close: nothing to wake, no error

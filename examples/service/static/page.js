@@ -25,9 +25,12 @@ function setText(id, value) {
   $(id).textContent = String(value);
 }
 
-function setStatus(state) {
+let signedOut = false;
+
+function setStatus(state, label = state) {
+  if (signedOut) return;  // for good: only the token lets this browser in again
   const status = $("status");
-  status.textContent = state;
+  status.textContent = label;
   status.className = "status " + state;
 }
 
@@ -196,6 +199,13 @@ function refreshHealthSoon() {
 async function refreshHealth() {
   try {
     const response = await fetch("/health", { cache: "no-store" });
+    if (response.status === 401) {
+      // The session ended (the service restarted, the page was closed too long, or a
+      // copy of its cookie was used): the URL with the token opens a new one.
+      setStatus("signed-out", "signed out: open /?token=… again");
+      signedOut = true;
+      return;
+    }
     const health = await response.json();
     setText("samples", health.samples ?? "–");
     setText("lost-total", health.lost ?? "–");
