@@ -195,7 +195,8 @@ def check_sysctl_paranoid(caps: int | None, path: str = "/proc/sys/kernel/perf_e
         return Check("perf_event_paranoid", title, "skip", False, f"cannot read {path}")
     if _has(caps, CAP_PERFMON) or _has(caps, CAP_SYS_ADMIN):
         return Check("perf_event_paranoid", title, "ok", False,
-                     f"{value}; does not apply to this process (it has CAP_PERFMON)")
+                     f"{value}; does not apply to this process (it has CAP_PERFMON or "
+                     "CAP_SYS_ADMIN)")
     if value.lstrip("-").isdigit() and int(value) <= -1:
         return Check("perf_event_paranoid", title, "ok", False, f"{value}: perf events for all")
     return Check("perf_event_paranoid", title, "warn", False,
