@@ -20,7 +20,7 @@ from typing import Any
 
 from .._bpf.object import BPFObject, Map
 from .._decoding.decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
-from .._errors import UnsupportedError
+from .._errors import ArgumentError, UnsupportedError
 from .._options import (
     DecodeErrorPolicy,
     Wakeup,
@@ -140,9 +140,9 @@ def _decoder_from_string(spec: str, source: RingSource) -> Decoder:
     try:
         packed = struct.Struct(spec)
     except struct.error:
-        raise ValueError(
-            f"decoder={spec!r} is not a C identifier: a decoder string names a struct or "
-            "typedef in the object's BTF (struct formats go in as struct.Struct(...))"
+        raise ArgumentError(
+            "decoder", f"decoder={spec!r} is not a C identifier: a decoder string names a "
+            "struct or typedef in the object's BTF (struct formats go in as struct.Struct(...))"
         ) from None
     warnings.warn(
         f"decoder={spec!r}: struct format strings are deprecated, since a string names a BTF "
@@ -281,7 +281,8 @@ class ReaderOptions:
             pairs = [(spec.name if isinstance(spec, Map) else f"map{index}", spec)
                      for index, spec in enumerate(source)]
         if not pairs:
-            raise ValueError("source: an empty mapping (or list) of maps: give at least one")
+            raise ArgumentError("source", "source: an empty mapping (or list) of maps: give at "
+                                "least one")
         names = [name for name, _ in pairs]
         check_names(names)
         if memory_bytes is not None:
@@ -298,9 +299,9 @@ class ReaderOptions:
         if isinstance(decoder, Mapping):
             unknown = [name for name in decoder if name not in names]
             if unknown:
-                raise ValueError(
-                    f"decoder: no map named {', '.join(map(repr, unknown))} in this stream "
-                    f"(its maps: {', '.join(map(repr, names))})"
+                raise ArgumentError(
+                    "decoder", f"decoder: no map named {', '.join(map(repr, unknown))} in this "
+                    f"stream (its maps: {', '.join(map(repr, names))})"
                 )
             specs = {name: decoder.get(name) for name in names}
         else:
@@ -336,8 +337,14 @@ class ReaderOptions:
         for member in members:
             if isinstance(member.source, RecordedSource):
                 member.source.check_decoder(member.decoder)
-        # Ordered across maps by one key: a field every map's decoder has, checked for each.
-        order_keys = [check_order_by(order_by, member.decoder) for member in members]
+        # Ordered across maps by one key: a field every map's decoder has, checked for each,
+        # and a mistake names the map whose decoder lacks it.
+        order_keys = []
+        for member in members:
+            try:
+                order_keys.append(check_order_by(order_by, member.decoder))
+            except ArgumentError as exc:
+                raise ArgumentError("order_by", f"map {member.name!r}: {exc}") from None
         return cls(
             source=MultiSource(members),
             ring_bytes=size,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
+from .._naming import Subscriptable
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
@@ -57,7 +58,7 @@ def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     return hand_over
 
 
-class PerfStream(Generic[T]):
+class PerfStream(Subscriptable[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
 
@@ -110,7 +111,8 @@ class PerfStream(Generic[T]):
         cpus: the CPUs to open rings on (a perf event array only; default: every online
             CPU whose id is a slot of the map). A CPU that is not possible on the host,
             or offline at open, is an ``ArgumentError``; samples the BPF program emits on
-            another CPU find an empty slot and fail there with ``-ENOENT``
+            another CPU find an empty slot and fail there with ``-ENOENT``, counted by the
+            BPF side only, never in this stream's ``Lost`` or ``statistics()``
             (docs/rings.md, "Some CPUs, or several channels per CPU").
         map_keys: index for index with ``cpus``, the map slot of each ring instead of its
             CPU id (a BPF program picks it with ``BPF_F_INDEX_MASK``: several channels per
@@ -720,7 +722,7 @@ class PerfStream(Generic[T]):
         NumPy array taken out of one and kept still shows its own records and holds
         its ring space until it is dropped (``.copy()`` what you keep). Needs NumPy
         and a decoder with a layout, as ``arrays()`` does. See docs/columnar.md,
-        "Leases".
+        "Leases: arrays in the ring itself".
         """
         max_rows = _check_max_rows(max_rows)
         reader = self._require_open()

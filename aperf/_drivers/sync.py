@@ -12,10 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .._errors import ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
+from .._naming import Subscriptable
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
 from .._reading.callbacks import Handlers
 from .._reading.order import DEFAULT_LATENESS
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")  # what a wait for events gives: events handled, or a lease's batch
 
 
-class PerfBuffer(Generic[T]):
+class PerfBuffer(Subscriptable[T]):
     """Rings read synchronously, with libbpf's names (a perf event array's, or a BPF ring
     buffer's: its one ring has the key -1).
 

@@ -358,23 +358,27 @@ async def test_commands_refuse_in_one_line_with_their_cannot_run_status(tmp_path
     secret = tmp_path / "password"
     secret.write_text(SECRET + "\n")
     creds = ["--nats-user", "web-1", "--nats-password-file", str(secret)]
-    commands = {  # the command: its "cannot run" status, and what it calls itself
-        ("aperf", "trace"): (1, "aperf-trace"),
-        ("aperf.fleet", "create-stream"): (1, "aperf.fleet"),
-        ("examples.fleet_view",): (2, "fleet_view"),
+    commands = {  # the command, and what it calls itself
+        ("aperf", "trace"): "aperf-trace",
+        ("aperf.fleet", "create-stream"): "aperf.fleet",
+        ("examples.fleet_view",): "fleet_view",
     }
+    status = 1  # every command's "cannot run" (a refused command line is 2, a bad option)
     host = outward_address()
-    for command, (status, prog) in commands.items():
-        cases = {
-            "TLS asked": ("127.0.0.1", "nats", ["--nats-ca", str(ca)], "offers none"),
-            "not this host": (host, "nats", [], "not on this host"),
+    for command, prog in commands.items():
+        cases = {  # what is said, the option named, the status
+            "TLS asked": ("127.0.0.1", "nats", ["--nats-ca", str(ca)], "offers none",
+                          "(check --nats)", 1),
+            "not this host": (host, "nats", [], "not on this host",
+                              "allow it with allow_insecure=True (--nats-insecure)", 2),
         }
-        for what, (address, scheme, more, said) in cases.items():
+        for what, (address, scheme, more, said, option, code_) in cases.items():
             async with FakeNats(address) as fake:
                 code, err = await run_command(*command, "--nats", fake.url(scheme), *creds, *more)
             assert bytes(fake.received) == b"", (command, what, bytes(fake.received))
             lines = err.strip().splitlines()
-            assert code == status and len(lines) == 1 and said in lines[0], (command, err)
+            assert code == code_ and len(lines) == 1 and said in lines[0], (command, err)
+            assert lines[0].endswith(option) and "(check servers=)" not in lines[0], lines[0]
             assert SECRET not in err
         # --nats-insecure: sent, and then no JetStream.
         async with FakeNats(host) as fake:

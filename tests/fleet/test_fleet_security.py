@@ -391,6 +391,19 @@ def test_commands_take_credentials_and_say_a_refusal_in_one_line(
         assert result.returncode == 2, (command, result.stderr)
         line = one_line(result)
         assert "refused the credentials" in line and "not-it" not in line
+        assert line.endswith("(check --nats-user and --nats-password-file)"), line
+    # No credentials at all: the line names the options that give them, not servers=.
+    for command in (
+        ("aperf", "trace", "--nats", secure.url, "--host", "web-1", "--nats-ca", ca),
+        ("examples.fleet_view", "--nats", secure.url, "--nats-ca", ca),
+        ("aperf.fleet", "create-stream", "--nats", secure.url, "--nats-ca", ca),
+    ):
+        result = run_cli(*command)
+        assert result.returncode == 2, (command, result.stderr)
+        line = one_line(result)
+        assert "refused the credentials" in line and "servers=" not in line, line
+        assert line.endswith("(credentials go in --nats-user and --nats-password-file, "
+                             "--nats-token-file, or --nats-creds)"), line
     bad_file = run_cli("aperf.fleet", "create-stream", "--nats", secure.url,
                        "--nats-password-file", str(secure.dir / "missing"))
     assert bad_file.returncode == 2 and "cannot read" in bad_file.stderr

@@ -146,6 +146,7 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist) -> None:
     assert f"{info}/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("examples/", "tests/", "bpf/"))]
     assert "aperf-trace = aperf._tools.trace.cli:main" in entry_points
+    assert "[pytest11]\naperf = aperf.pytest_plugin" in entry_points  # pytest loads it
 
     assert metadata["License-Expression"] == "Apache-2.0"
     requires = metadata.get_all("Requires-Dist") or []

@@ -27,6 +27,7 @@ FLOORS = {
     "_drivers": 7,
     "__init__": 8, "abc": 8, "decoders": 8, "testing": 8,  # the public API
     "fleet": 9,  # public too, built on the API above
+    "pytest_plugin": 9,  # aperf.testing's fixtures for pytest (entry point pytest11)
     "_tools": 10,  # commands
     "__main__": 11, "fleet.__main__": 11,
 }
@@ -58,7 +59,7 @@ INSIDE = {
                  "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
-    "_tools": {"nats_options": 0, "trace": 1, "record": 2},
+    "_tools": {"nats_options": 0, "doctor": 0, "trace": 1, "record": 2},
     "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "shards": 1, "cli": 2},
 }
 
@@ -74,11 +75,12 @@ KNOWN = {
 
 # Who may import each binding of _native: __init__ re-exports (libbpf_version);
 # testing's Producer runs a program; the asyncio binding takes libc's timerfd from
-# libbpf's binding. eBPF for Windows' binding serves its sources and waits only, and the
-# second mapping of perf rings serves leases.
+# libbpf's binding; the doctor creates a tiny map of each type to probe the kernel.
+# eBPF for Windows' binding serves its sources and waits only, and the second mapping
+# of perf rings serves leases.
 NATIVE_USERS = {
     "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
-                       "testing", "__init__", "_waiting.asyncio"},
+                       "testing", "__init__", "_waiting.asyncio", "_tools.doctor"},
     "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.perf",
                         "_rings.windows.ringbuf"},
     "_native.shared_ring": {"_drivers.lease"},

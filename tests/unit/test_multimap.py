@@ -33,7 +33,7 @@ def fakes(ring_bytes: int = 4096) -> tuple[FakeRingSource, FakeRingSource]:
 
 def test_an_unknown_decoder_name_is_a_value_error_naming_it() -> None:
     a, b = fakes()
-    with pytest.raises(ValueError, match=r"no map named 'c'.*'a', 'b'"):
+    with pytest.raises(aperf.ArgumentError, match=r"no map named 'c'.*'a', 'b'"):
         aperf.PerfStream({"a": a, "b": b}, decoder={"c": REC})
     with pytest.raises(ValueError, match="no map named 'c'"):
         aperf.PerfBuffer({"a": a, "b": b}, decoder={"c": REC}, on_sample=print)
@@ -336,6 +336,21 @@ async def test_hotplug_notices_go_to_their_map_with_its_keys() -> None:
 
 
 # --- several maps in time order ------------------------------------------------------
+
+
+def test_an_order_by_field_one_map_lacks_names_that_map() -> None:
+    a, b = fakes()
+    both = aperf.decoders.from_struct(REC, names=("seq", "ts"))
+    other = aperf.decoders.from_struct(REC, names=("seq", "stamp"))
+    with pytest.raises(aperf.ArgumentError) as info:
+        aperf.PerfStream({"a": a, "b": b}, decoder={"a": both, "b": other}, order_by="ts")
+    assert isinstance(info.value, ValueError) and info.value.argument == "order_by"
+    assert str(info.value) == (
+        "map 'b': order_by='ts': the decoder's records have no field 'ts' (fields: seq, stamp)"
+    )
+    with pytest.raises(aperf.ArgumentError, match=r"^map 'a': order_by='t-s' is not a field"):
+        aperf.PerfBuffer({"a": a, "b": b}, decoder=both, order_by="t-s", on_sample=print)
+
 
 
 async def test_several_maps_merge_in_time_order_with_losses_in_place() -> None:

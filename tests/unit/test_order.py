@@ -257,12 +257,15 @@ def test_arguments_are_checked_with_typed_errors() -> None:
     src = FakeRingSource(cpus=[0])
     with pytest.raises(aperf.ArgumentError, match="order_by"):
         aperf.PerfBuffer(src, on_sample=print, order_by="ts")
-    with pytest.raises(ValueError, match=r"no field 'nope'.*seq, ts"):
+    with pytest.raises(aperf.ArgumentError, match=r"no field 'nope'.*seq, ts") as info:
         aperf.PerfStream(src, decoder=Ev, order_by="nope")
+    assert isinstance(info.value, ValueError) and info.value.argument == "order_by"
+    with pytest.raises(aperf.ArgumentError, match="not a field name"):
+        aperf.PerfStream(src, decoder=Ev, order_by="1st")
     with pytest.raises(TypeError, match="order_by"):
         aperf.PerfStream(src, decoder=Ev, order_by=3)  # type: ignore[call-overload]
     for bad in (0, -1.0, float("inf"), "1", True):
-        with pytest.raises(ValueError, match="lateness"):
+        with pytest.raises(aperf.ArgumentError, match="lateness"):
             aperf.PerfStream(src, decoder=Ev, order_by="ts", lateness=bad)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="callable"):
         aperf.PerfBuffer(src, decoder=Ev, on_array=print, order_by=lambda s: s.value.ts)

@@ -16,7 +16,8 @@ perf buffer ones come from PR #4966 (merged as 6926e944907d, 2026-02-27):
   ``perf_buffer_lost_fn``, ``perf_buffer__new``, ``perf_buffer__consume_buffer``,
   ``perf_buffer__buffer_cnt``, ``perf_buffer__free``
 - ``include/ebpf_api.h``: ``ebpf_handle_t`` (intptr_t), ``fd_t`` (int32_t),
-  ``ebpf_perf_buffer_get_wait_handle``, ``ebpf_close_fd``, ``ebpf_duplicate_fd``
+  ``ebpf_perf_buffer_get_wait_handle``, ``ebpf_close_fd``, ``ebpf_duplicate_fd``,
+  ``ebpf_map_set_wait_handle``
 - ``include/bpf/bpf.h``: ``bpf_obj_get``, ``bpf_obj_get_info_by_fd``
 - ``include/ebpf_structs.h``: ``struct bpf_map_info`` (Windows layout),
   ``BPF_MAP_TYPE_PERF_EVENT_ARRAY = 14``
@@ -315,6 +316,10 @@ bpf_obj_get_info_by_fd = int_fn(
 ebpf_duplicate_fd = result_fn("ebpf_duplicate_fd", fd_t, ctypes.POINTER(fd_t))
 # ebpf_result_t ebpf_close_fd(fd_t fd);
 ebpf_close_fd = result_fn("ebpf_close_fd", fd_t)
+# ebpf_result_t ebpf_map_set_wait_handle(fd_t map_fd, uint64_t index, ebpf_handle_t handle);
+ebpf_map_set_wait_handle = result_fn(
+    "ebpf_map_set_wait_handle", fd_t, ctypes.c_uint64, ebpf_handle_t
+)
 
 
 class bpf_map_info(ctypes.Structure):

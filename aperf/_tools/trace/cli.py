@@ -1,8 +1,9 @@
 """``aperf-trace``: options, the trace loop, and every failure as one line on stderr.
 
-Exit status: 0 when stopped by SIGINT/SIGTERM or when the reader of stdout went
-away, 1 when it cannot run (one line says why), 2 for bad options (argparse), and
-for ``--nats`` credentials or permissions the NATS server refused (one line).
+Exit status, as every aperf command's: 0 when stopped by SIGINT/SIGTERM or when the
+reader of stdout went away, 1 when it cannot run (one line says why), 2 for bad options
+(argparse's, ``--shards`` more than the CPUs, and ``--nats`` credentials or permissions
+the NATS server refused: one line naming the option).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import aperf
 
 from .. import nats_options as _natsargs
 from .output import LineOutput
-from .preflight import SetupError, ensure_tracefs, missing_privileges
+from .preflight import OptionError, SetupError, ensure_tracefs, missing_privileges
 from .render import HEADER, event_decoder, json_record, table_line
 from .shards import trace_shard, trace_sharded
 
@@ -277,8 +278,6 @@ async def open_sink(args: argparse.Namespace) -> Any:
         from aperf.fleet import FleetConfigError, JetStreamSink
     except ImportError as exc:
         raise SetupError(str(exc)) from None
-    from aperf.fleet import FleetAuthError
-
     _natsargs.quiet_tls_eof()
     _natsargs.one_line_warnings(PROG)
     try:
@@ -287,19 +286,17 @@ async def open_sink(args: argparse.Namespace) -> Any:
             signing_key=args.nats_signing_key, **_natsargs.keywords(args),
         )
         await sink.open()
-    except FleetAuthError as exc:
-        raise OptionError(f"--nats: {exc}") from None
-    except FleetConfigError as exc:
-        if exc.argument == "signing_key":
-            raise OptionError(f"--nats-signing-key: {exc}") from None
-        raise SetupError(f"--nats: {exc}") from None
-    except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
-        raise OptionError(f"--nats: {exc}") from None
+    except (FleetConfigError, ValueError, TypeError) as exc:  # also options that do not fit
+        raise fleet_failure(exc) from None
     return sink
 
 
-class OptionError(SetupError):
-    """An option is wrong (``--nats`` credentials the server refused): exit status 2."""
+def fleet_failure(exc: Exception) -> SetupError:
+    """An error of aperf.fleet as the tracer says it: one line naming the option (the
+    tracer has no --jetstream: the stream is always FLEET_STREAM's), and its status."""
+    options = {k: v for k, v in _natsargs.OPTIONS.items() if k != "jetstream"}
+    line, status = _natsargs.failure(exc, options=options)
+    return (OptionError if status == _natsargs.BAD_ARGUMENTS else SetupError)(f"--nats: {line}")
 
 
 async def publish(
@@ -324,7 +321,7 @@ async def publish(
             from aperf.fleet import FleetAuthError
 
             if isinstance(exc, FleetAuthError):  # e.g. this user may not publish as --host
-                raise OptionError(f"--nats: {exc}") from None
+                raise fleet_failure(exc) from None
             if not stop.requested:  # else: the stop closed the sink meanwhile
                 raise
 
@@ -467,6 +464,12 @@ def parse_args(
         "empty directory; needs aperf-bpf[arrow]): aperf.Recording(DIR) and "
         "aperf.replay(DIR) read them back (docs/recording.md)",
     )
+    parser.add_argument(
+        "--doctor", action="store_true",
+        help="check what this machine and this process have of what the tracer needs, say "
+        "what to do about the rest, and exit (status 1 if something required is missing; "
+        "with --json, as JSON)",
+    )
     # A shard of --shards N: the pinned map and the CPUs it reads (set by the parent).
     parser.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shard-cpus", default=None, help=argparse.SUPPRESS)
@@ -504,6 +507,7 @@ def parse_args(
                      "or --record")
     if fleet and args.nats is not None:
         check_fleet_options(parser, args)
+        _natsargs.check(parser, args)
     if args.pages is None and buffer_choice(args) != "auto":  # else known once loaded
         args.pages = DEFAULT_RINGBUF_PAGES if buffer_choice(args) == "ringbuf" else DEFAULT_PAGES
     if args.object is None:
@@ -576,6 +580,10 @@ def main(
     """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program;
     ``fleet``: whether it takes ``--nats`` and ``--host``."""
     args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
+    if args.doctor:
+        from ..doctor import main as doctor
+
+        return doctor(["--json"] * args.json, prog=f"{command} --doctor", tracer=True)
     configure_logging(args.verbose)
 
     def fail(message: str, status: int = 1) -> int:

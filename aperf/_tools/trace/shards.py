@@ -26,7 +26,7 @@ import aperf
 
 from ..._rings.perf.source import online_cpus
 from .output import LineOutput
-from .preflight import SetupError
+from .preflight import OptionError, SetupError
 from .render import HEADER, event_decoder
 
 READY = "ready"  # a child's first line: its rings are open, events from now on are its
@@ -37,7 +37,7 @@ log = structlog.get_logger("aperf.trace")
 def shard_cpus(cpus: Sequence[int], shards: int) -> list[list[int]]:
     """``cpus`` dealt round-robin into ``shards`` non-empty, disjoint lists."""
     if not 1 <= shards <= len(cpus):
-        raise SetupError(
+        raise OptionError(
             f"--shards {shards}: give 1 to {len(cpus)} (a shard reads at least one of "
             f"the {len(cpus)} online CPUs)"
         )
