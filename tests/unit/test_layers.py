@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 FLOORS = {
     "_errors": 0, "_privileges": 0, "_log": 0, "_naming": 0, "_events": 0, "_options": 0,
     "_boottime": 0,
-    "_native": 1,  # the only ctypes: libbpf, ebpfapi.dll, libc's mmap
+    "_native": 1,  # the only ctypes: libbpf, ebpfapi.dll, libc
     "_waiting": 2,  # how drivers wait; knows no ring (the seam takes its HandleKind)
     "_decoding": 3, "_arrow": 3,  # Arrow from the decoders' layouts (_arrow on _decoding)
     "_bpf": 4,  # BPF objects and BTF (BTF compiles decoders)
@@ -35,8 +35,11 @@ ENTRY_POINTS = {"__main__", "fleet.__main__"}
 # Floors inside packages (their modules and subpackages), bottom up, by the same rule.
 # A package not listed here (fleet) is checked for cycles only.
 INSIDE = {
-    "_native": {"prototypes": 0, "shared_ring": 0, "libbpf": 1, "ebpfapi": 1},
-    "_native.libbpf": {"binding": 0, "api": 1, "__init__": 2},
+    "_native": {"prototypes": 0, "libc": 0, "libbpf": 1, "ebpfapi": 1},
+    "_native.libc": {"functions": 0, "shared_ring": 0, "timerfd": 1},
+    # libbpf cut by noun, as libbpf-rs cuts it; __init__ re-exports them all.
+    "_native.libbpf": {"binding": 0, "log": 1, "object": 1, "query": 1, "program": 1,
+                       "map": 2, "pin": 2, "btf": 2, "perf_buffer": 2, "__init__": 3},
     "_native.ebpfapi": {"binding": 0, "api": 1},
     # The protocols are vocabulary the seam uses; the loops' bindings sit above them, and
     # __init__ (which chooses one) on top.
@@ -73,15 +76,17 @@ KNOWN = {
 }
 
 # Who may import each binding of _native: __init__ re-exports (libbpf_version);
-# testing's Producer runs a program; the asyncio binding takes libc's timerfd from
-# libbpf's binding. eBPF for Windows' binding serves its sources and waits only, and the
-# second mapping of perf rings serves leases.
+# testing's Producer runs a program. eBPF for Windows' binding serves its sources and
+# waits only. libc's pieces each serve one user: the asyncio binding's timer, the perf
+# source's RCU grace period, and the second mapping of perf rings, leases.
 NATIVE_USERS = {
     "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
-                       "testing", "__init__", "_waiting.asyncio"},
+                       "testing", "__init__"},
     "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.perf",
                         "_rings.windows.ringbuf"},
-    "_native.shared_ring": {"_drivers.lease"},
+    "_native.libc.timerfd": {"_waiting.asyncio"},
+    "_native.libc.functions": {"_rings.perf.source"},
+    "_native.libc.shared_ring": {"_drivers.lease"},
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
@@ -231,14 +236,42 @@ def test_the_known_exceptions_are_still_there() -> None:
 
 
 def test_each_binding_is_reached_only_by_its_users() -> None:
+    # Every part of _native that a module outside it imports has its users listed.
     strays = [
         f"{module} imports {dep}"
         for module, deps in imports().items() if not _inside(module, "_native")
-        for dep in deps
-        for binding, users in NATIVE_USERS.items()
-        if _inside(dep, binding) and module not in users
+        for dep in deps if _inside(dep, "_native")
+        if module not in next((users for binding, users in NATIVE_USERS.items()
+                               if _inside(dep, binding)), set())
     ]
     assert not strays
+
+
+# What calls into C: loading a library, declaring a function, reading or writing memory
+# at an address. ctypes' types (``_decoding`` compiles ``ctypes.Structure`` layouts) are
+# no call into C and may be used anywhere.
+C_CALLS = {"CDLL", "WinDLL", "cdll", "windll", "pythonapi", "CFUNCTYPE", "WINFUNCTYPE",
+           "PYFUNCTYPE", "string_at", "wstring_at", "memmove", "memset", "addressof", "cast",
+           "byref", "pointer", "get_errno", "set_errno"}
+C_MEMBERS = {"argtypes", "restype", "errcheck", "from_address"}  # of a C function, a C type
+
+
+def test_only_native_calls_into_c() -> None:
+    calls = []
+    for path in PACKAGE.rglob("*.py"):
+        module = module_of(path)
+        if _inside(module, "_native"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and (
+                node.attr in C_MEMBERS
+                or (node.attr in C_CALLS and getattr(node.value, "id", "") == "ctypes")
+            ):
+                calls.append(f"{module}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "ctypes":
+                calls += [f"{module}:{node.lineno} {alias.name}" for alias in node.names
+                          if alias.name in C_CALLS]
+    assert not calls
 
 
 def test_map_backed_sources_do_not_import_one_another() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..._errors import LibbpfError, LibbpfUnavailableError, MissingPrivilegesError
 from ..prototypes import ErrCheck, Prototype, check_negative, check_nothing, check_null
-from ..prototypes import park_callback_error as park_callback_error  # for api's callbacks
+from ..prototypes import park_callback_error as park_callback_error  # for the callbacks
 
 LIBBPF_ENV = "APERF_LIBBPF"
 """Environment variable naming the libbpf shared library to load instead of ``libbpf.so.1``."""
