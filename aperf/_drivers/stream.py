@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
-from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup, check_max_rows
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
 from .._reading.reader import DEFAULT_BATCH, Reader
@@ -38,14 +38,6 @@ Callback = Callable[[Any], Any]
 I = TypeVar("I")  # noqa: E741 - what an iterator hands out
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
-
-
-def _check_max_rows(max_rows: int | None) -> int | None:
-    if max_rows is not None and (
-        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
-    ):
-        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
-    return max_rows
 
 
 def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
@@ -671,7 +663,7 @@ class PerfStream(Generic[T]):
 
         Needs NumPy and a decoder with a layout, as ``arrays()`` does (checked now).
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         handlers = Handlers(None, on_lost, on_decode_error, on_array)
         self._options.check_columns()  # NumPy and a decoder with a layout, now
         check_arrays_order(self._options)
@@ -700,7 +692,7 @@ class PerfStream(Generic[T]):
         a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
         cancelled, as `batches()` is; see docs/columnar.md.
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         check_arrays_order(self._options)
         reader = self._require_open()
         reader.columns()
@@ -722,7 +714,7 @@ class PerfStream(Generic[T]):
         and a decoder with a layout, as ``arrays()`` does. See docs/columnar.md,
         "Leases".
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         reader = self._require_open()
         if reader._columns is None:
             reader.columns()  # NumPy and a decoder with a layout, now

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._errors import ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
-from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup, check_max_rows
 from .._reading.callbacks import Handlers
 from .._reading.order import DEFAULT_LATENESS
 from .._reading.reader import DEFAULT_BATCH, Reader
@@ -25,7 +25,6 @@ from .._rings.seam import set_paused
 from .._waiting import handle_waiter
 from .lifetime import OpenReader
 from .setup import ReaderOptions, SourceSpec, check_arrays_order
-from .stream import _check_max_rows
 
 if TYPE_CHECKING:
     from .lease import SyncLease
@@ -349,7 +348,7 @@ class PerfBuffer(Generic[T]):
         callbacks are not called). Entering waits up to ``timeout_ms`` (negative: for
         ever) for data, as ``poll()`` does; the batch is empty if none came.
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
