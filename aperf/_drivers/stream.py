@@ -49,6 +49,9 @@ def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     return hand_over
 
 
+# scripts/driver_keywords.py copies the Args: entries of the keywords PerfBuffer shares
+# into its docstring, and writes the overloads of __init__ from its signature: run it
+# after editing either (scripts/check.sh fails until then).
 class PerfStream(Generic[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
