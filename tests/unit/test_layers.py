@@ -62,17 +62,9 @@ INSIDE = {
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
     "_tools": {"nats_options": 0, "trace": 1, "record": 2},
-    "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "shards": 1, "cli": 2},
-}
-
-# Known exceptions, each an import (module -> module) that breaks a rule above today and
-# is to go. test_the_known_exceptions_are_still_there fails once one is gone: then
-# delete it here.
-KNOWN = {
-    # Issue 30: the tracer's shards import back from cli (StopSignals, Printer,
-    # tracer_object, show_all, order_by) while cli imports shards: a cycle. Breaking it
-    # moves those functions into a module of their own (a later phase of issue 30).
-    ("_tools.trace.shards", "_tools.trace.cli"),
+    # The tracer's loop (session) serves both the command (cli) and its shards.
+    "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "session": 1, "shards": 2,
+                     "cli": 3},
 }
 
 # Who may import each binding of _native: __init__ re-exports (libbpf_version);
@@ -206,7 +198,7 @@ def test_nothing_imports_upward() -> None:
     for module, deps in imports().items():
         for dep in deps:
             judged = floors_of(module, dep)
-            if judged and judged[2] > judged[1] and (module, dep) not in KNOWN:
+            if judged and judged[2] > judged[1]:
                 package, mine, theirs = judged
                 upward.append(f"{module} (floor {mine} of {package}) imports {dep} "
                               f"(floor {theirs})")
@@ -214,7 +206,7 @@ def test_nothing_imports_upward() -> None:
 
 
 def test_no_cycle() -> None:
-    graph = {m: {d for d in deps if (m, d) not in KNOWN} for m, deps in imports().items()}
+    graph = imports()
     state: dict[str, int] = {}
 
     def visit(module: str, path: list[str]) -> None:
@@ -228,11 +220,6 @@ def test_no_cycle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
-
-
-def test_the_known_exceptions_are_still_there() -> None:
-    graph = imports()
-    assert [edge for edge in KNOWN if edge[1] not in graph.get(edge[0], ())] == []
 
 
 def test_each_binding_is_reached_only_by_its_users() -> None:

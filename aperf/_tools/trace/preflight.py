@@ -19,6 +19,10 @@ class SetupError(Exception):
     """Something the tracer needs is missing. The message says what; it is printed as one line."""
 
 
+class OptionError(SetupError):
+    """An option is wrong (``--nats`` credentials the server refused): exit status 2."""
+
+
 CAPABILITIES = "CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH"  # docs/privileges.md
 
 
