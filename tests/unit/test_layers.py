@@ -67,13 +67,13 @@ INSIDE = {
                      "cli": 3},
 }
 
-# Who may import each binding of _native: __init__ re-exports (libbpf_version);
-# testing's Producer runs a program. eBPF for Windows' binding serves its sources and
-# waits only. libc's pieces each serve one user: the asyncio binding's timer, the perf
-# source's RCU grace period, and the second mapping of perf rings, leases.
+# Who may import each binding of _native: __init__ re-exports (libbpf_version). eBPF
+# for Windows' binding serves its sources and waits only. libc's pieces each serve one
+# user: the asyncio binding's timer, the perf source's RCU grace period, and the second
+# mapping of perf rings, leases.
 NATIVE_USERS = {
     "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
-                       "testing", "__init__"},
+                       "__init__"},
     "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.base",
                         "_rings.windows.perf", "_rings.windows.ringbuf"},
     "_native.libc.timerfd": {"_waiting.asyncio"},

@@ -31,12 +31,14 @@ class _bpf_test_run_opts(ctypes.Structure):
 BPF_F_TEST_RUN_ON_CPU = 1 << 0
 
 
-def test_run_on_cpu(prog_fd: int, cpu: int) -> int:
-    """Run a raw_tp program once on ``cpu`` (the GIL is released meanwhile); its return value."""
+def test_run_on_cpu(prog_fd: int, cpu: int | None) -> int:
+    """Run a raw_tp program once on ``cpu`` (None: this thread's), the GIL released
+    meanwhile; its return value."""
     opts = _bpf_test_run_opts()
     opts.sz = ctypes.sizeof(opts)
-    opts.flags = BPF_F_TEST_RUN_ON_CPU
-    opts.cpu = cpu
+    if cpu is not None:
+        opts.flags = BPF_F_TEST_RUN_ON_CPU
+        opts.cpu = cpu
     c.bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts))
     return int(opts.retval)
 
