@@ -1,5 +1,6 @@
-"""What tests share besides fixtures: the repository's paths, the kernel check, and small
-async helpers. Fixtures and the test tiers are in conftest.py, which uses these too."""
+"""What tests share besides fixtures: the repository's paths, the loops, the kernel check,
+small async helpers, and one fake clock. Fixtures and the test tiers are in conftest.py,
+which uses these too."""
 
 from __future__ import annotations
 
@@ -7,12 +8,28 @@ import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
+if TYPE_CHECKING:
+    import aperf
+    from aperf._reading.reader import Reader
+    from aperf.testing import FakeRingSource
+
 REPO = Path(__file__).resolve().parent.parent
+
+# The loops async tests run on, through anyio's pytest plugin (``pytest.mark.anyio`` and
+# conftest.py's ``anyio_backend`` fixture): a test of aperf's own code runs on all three.
+LOOPS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param(("trio", {}), id="trio"),
+]
+asyncio_only = pytest.mark.parametrize("anyio_backend", LOOPS[:2])
+"""With ``pytest.mark.anyio``: a test of asyncio-only code (nats-py, the service example,
+asyncio's own primitives) runs on asyncio and uvloop, not trio."""
 BPF_DIR = REPO / "bpf"
 REQUIRE_BPF = os.environ.get("APERF_REQUIRE_BPF", "") not in ("", "0")
 
@@ -75,6 +92,40 @@ async def run_until(
             await done.wait()
         await anyio.to_thread.run_sync(thread.join)
         await stream.aclose()
+
+
+# --- the reader's unit tests: a fake clock, and a reader on it ---------------------------
+
+
+class FakeClock:
+    """A clock that moves only when the test moves it (trio's ``MockClock``, without its
+    autojump): calling it reads ``now``; set ``now``, or ``jump(seconds)``."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def jump(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def fake_reader(
+    src: FakeRingSource, wakeup: aperf.Wakeup | None = None, *,
+    ring_wakeup: aperf.Wakeup | None = None, **kwargs: Any,
+) -> tuple[Reader, FakeClock]:
+    """A ``Reader`` of ``src``, opened now (its rings with ``ring_wakeup``, default the
+    reader's ``wakeup``, default ``Wakeup.per_sample()``), on a ``FakeClock``; ``kwargs``
+    go to the reader."""
+    import aperf
+    from aperf._reading.reader import Reader
+    from aperf._rings.seam import RingConfig
+
+    wakeup = wakeup or aperf.Wakeup.per_sample()
+    rings = src.open(RingConfig(None, ring_wakeup or wakeup))
+    clock = FakeClock()
+    return Reader(src, rings, wakeup=wakeup, clock=clock, **kwargs), clock
 
 
 # --- CPU hotplug (tests/kernel/test_hotplug.py): never leave a CPU offline -------------

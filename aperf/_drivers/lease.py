@@ -2,7 +2,7 @@
 
 Once a stream gives its first lease, each of its perf rings is read through a
 ``LeaseRing``: a read-only mapping of the ring, made by aperf (a Python
-``mmap.mmap``, ``_native/shared_ring.py``; no view of it can be made writable,
+``mmap.mmap``, ``_native/libc/shared_ring.py``; no view of it can be made writable,
 where a write would kill the process), that the readable span is viewed in
 (a ``_Pin``: a NumPy byte array of that span, the base of every array made from
 it) instead of being copied out. ``data_tail`` then advances over a span only
@@ -35,7 +35,7 @@ import numpy as np
 
 from .._errors import ClosedResourceError
 from .._events import SampleArray
-from .._native.shared_ring import SharedRingMapping
+from .._native.libc.shared_ring import SharedRingMapping
 from .._reading.columnar import ArrayItem
 from .._reading.reader import Reader
 from .._rings.perf.format import span_length

@@ -46,7 +46,7 @@ from aperf.fleet._wire import Framer, parse
 from aperf.fleet.testing import NatsServer, nats_server_path
 from aperf.testing import Producer
 
-from ..helpers import REPO, REQUIRE_BPF
+from ..helpers import REPO, REQUIRE_BPF, asyncio_only
 from ..kernel.test_tracer import HEADER as TRACER_HEADER
 from ..kernel.test_tracer import parse_row
 
@@ -349,7 +349,8 @@ def seq_sample(cpu: int, seq: int) -> aperf.Sample:
     return aperf.Sample(cpu, struct.pack("<QQ", seq, 0) + bytes(20))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_events_keep_their_order_kind_and_host(nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)
@@ -389,7 +390,8 @@ async def test_events_keep_their_order_kind_and_host(nats_server: NatsServer) ->
     assert (seen.bad, seen.short, seen.samples) == (2, 1, 3)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_message_jetstream_refuses_is_dropped_counted_and_seen_as_a_gap(
     nats_server: NatsServer,
 ) -> None:
@@ -418,7 +420,8 @@ async def test_a_message_jetstream_refuses_is_dropped_counted_and_seen_as_a_gap(
     assert fleet.gaps == [("h", Gap(first=100, count=1, samples=1, lost=0))]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_concurrent_senders_never_claim_what_is_not_stored(nats_server: NatsServer) -> None:
     """Messages waiting for room are not settled: no watermark may pass them (no false Gap)."""
     url = nats_server.url
@@ -440,7 +443,8 @@ async def test_concurrent_senders_never_claim_what_is_not_stored(nats_server: Na
     assert sorted(fleet.seqs["h"]) == list(range(total))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)
@@ -473,7 +477,8 @@ async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServ
 
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_cancelled_or_timed_out_anext_does_not_end_the_reader(
     nats_server: NatsServer,
 ) -> None:
@@ -498,7 +503,8 @@ async def test_a_cancelled_or_timed_out_anext_does_not_end_the_reader(
     assert reader.statistics().samples == 10
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_timeout_around_anext_holds_while_the_reader_asks_the_consumer(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -534,7 +540,8 @@ async def test_a_timeout_around_anext_holds_while_the_reader_asks_the_consumer(
         assert asked.is_set()  # it was asking when the timeout came
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_samples_arrive_exactly_once(producer: Producer, nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)
@@ -563,7 +570,8 @@ async def test_samples_arrive_exactly_once(producer: Producer, nats_server: Nats
     assert (await consumer_info(url, "once")).num_ack_pending == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_several_hosts_read_back_as_one_stream(nats_server: NatsServer, kernel: None) -> None:
     url = nats_server.url
     await create_stream(url)
@@ -613,7 +621,8 @@ def paced(producer: Producer, chunks: int, chunk: int, pause: float) -> threadin
     return thread
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_server_killed_and_restarted_mid_stream(
     producer: Producer, nats_server: NatsServer
 ) -> None:
@@ -688,7 +697,8 @@ async def test_server_killed_and_restarted_mid_stream(
     print(f"sink: {stats}")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_stalled_reader_does_not_stall_the_sink(
     producer: Producer, nats_server: NatsServer
 ) -> None:
@@ -731,7 +741,8 @@ async def open_fails(thing: JetStreamSink | FleetReader, match: str) -> FleetCon
     return info.value
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 @pytest.mark.filterwarnings("ignore::aperf.fleet.FleetInsecureWarning")  # a password, loopback
 async def test_bad_configuration_gives_one_clear_error(tmp_path: Path) -> None:
     with _closed_port() as port:
@@ -822,7 +833,8 @@ def forged(host: str, stream: str, epoch: int, first: int, seqs: range) -> bytes
     return out.payload
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_messages_a_reader_cannot_use_are_announced_and_never_block_the_consumer(
     nats_server: NatsServer,
 ) -> None:
@@ -889,7 +901,8 @@ async def test_messages_a_reader_cannot_use_are_announced_and_never_block_the_co
     assert info.num_ack_pending == 0 and info.num_redelivered <= len(bad)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_the_subject_is_the_identity(nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)
@@ -915,7 +928,8 @@ async def test_the_subject_is_the_identity(nats_server: NatsServer) -> None:
     assert (stats.refused, stats.malformed, stats.samples, stats.sources) == (2, 0, 5, 1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_forged_sequence_numbers_never_hide_the_genuine_events(
     nats_server: NatsServer,
 ) -> None:
@@ -971,7 +985,8 @@ async def test_forged_sequence_numbers_never_hide_the_genuine_events(
     assert seen.samples == 30 + 10
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_url_that_is_not_one_gives_fleet_config_error() -> None:
     for url in ("nats://[::1", "nats://127.0.0.1:99999", ["nats://127.0.0.1:4222", "tls://:1"]):
         for make in (JetStreamSink, FleetReader):
@@ -1141,7 +1156,8 @@ def exec_event_bytes(decode: Callable[[bytes], Any], pid: int, boot_ns: int) -> 
     return bytes(data)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_the_reader_has_each_hosts_boot_clock_offset(nats_server: NatsServer) -> None:
     url = nats_server.url
     await create_stream(url)

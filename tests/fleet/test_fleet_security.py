@@ -41,7 +41,7 @@ from aperf.fleet._wire import Framer
 from aperf.fleet.testing import NatsServer
 
 from ..docs.snippets import blocks_in
-from ..helpers import REPO
+from ..helpers import REPO, asyncio_only
 from ..kernel.test_tracer import HEADER as TRACER_HEADER
 from ..kernel.test_tracer import parse_row
 from .test_fleet import SEQ_TS, Fleet, Lines, read_fleet, running_server, seq_sample
@@ -205,7 +205,8 @@ def _context(ca: Path) -> Any:
 # --- the library ---------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_hosts_publish_only_as_themselves_over_tls(secure: Secure) -> None:
     await create_stream(secure.url, **secure.login("fleet-admin"))
     web1 = secure.login("web-1")
@@ -269,7 +270,8 @@ async def test_hosts_publish_only_as_themselves_over_tls(secure: Secure) -> None
     assert fleet.gaps == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_refused_credentials_and_certificates_are_one_typed_error(secure: Secure) -> None:
     await create_stream(secure.url, **secure.login("fleet-admin"))
     wrong = {"user": "web-1", "password": "not-it", "tls_ca": secure.tls.ca}
@@ -309,7 +311,8 @@ async def test_refused_credentials_and_certificates_are_one_typed_error(secure: 
         FleetReader(secure.url, password="b")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_token_server(tmp_path: Path) -> None:
     with running_server(tmp_path / "nats", arguments=["--auth", "s3cret-token"]) as server:
         with pytest.warns(FleetInsecureWarning, match="token went in clear"):  # loopback
@@ -327,7 +330,8 @@ async def test_a_token_server(tmp_path: Path) -> None:
         assert info.value.argument == "token"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 @pytest.mark.filterwarnings("ignore::aperf.fleet.FleetInsecureWarning")  # a password, loopback
 async def test_the_reader_refuses_a_forged_host_when_the_server_lets_it_through(
     tmp_path: Path,

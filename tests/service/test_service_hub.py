@@ -13,6 +13,7 @@ import pytest
 
 from examples.service.hub import BadEventIdError, Hub, Message
 
+from ..helpers import asyncio_only
 from .test_service import Message as SSEMessage
 from .test_service import parse_sse
 
@@ -52,7 +53,8 @@ async def connected(hub: Hub, last_event_id: str | None = None) -> AsyncIterator
     return chunks
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_new_client_gets_what_is_published_after_it_came() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 3)
@@ -67,7 +69,8 @@ async def test_a_new_client_gets_what_is_published_after_it_came() -> None:
     assert (lost.event, lost.id, lost.json()) == ("lost", f"{RUN}-6", {"cpu": 1, "count": 9})
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_reconnect_in_the_window_replays_exactly_what_was_missed() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 6)
@@ -79,7 +82,8 @@ async def test_reconnect_in_the_window_replays_exactly_what_was_missed() -> None
     assert seqs(await take(chunks, 1)) == [7]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_reconnect_behind_the_window_gets_a_notice_of_how_many() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 20)  # 13 to 20 are kept
@@ -91,7 +95,8 @@ async def test_reconnect_behind_the_window_gets_a_notice_of_how_many() -> None:
     assert hub.missed["reconnect"] == 9
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_slow_client_skips_ahead_and_is_told() -> None:
     hub = Hub(8, run=RUN)
     chunks = await connected(hub)
@@ -106,7 +111,8 @@ async def test_a_slow_client_skips_ahead_and_is_told() -> None:
     assert hub.max_lag() == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_ids_of_another_run_or_never_handed_out() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 5)
@@ -123,7 +129,8 @@ async def test_ids_of_another_run_or_never_handed_out() -> None:
         Hub(1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_close_ends_every_stream_after_what_is_left() -> None:
     hub = Hub(8, run=RUN)
     chunks = await connected(hub)

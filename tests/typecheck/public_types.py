@@ -131,3 +131,10 @@ async def recordings(path: str) -> None:
     assert_type(recording.boot_offset_ns, int | None)
     builder = aperf.ArrowBuilder(struct.Struct("<QQ"), max_rows=100)
     assert_type(len(builder), int)
+
+
+def objects(path: str) -> None:
+    with aperf.BPFObject(path) as obj:
+        obj.load()
+        assert_type(obj.programs["produce"].test_run(cpu=0), int)
+        assert_type(obj.programs["produce"].test_run(), int)

@@ -10,29 +10,21 @@ import pytest
 
 import aperf
 from aperf._reading.reader import Reader, gather_threshold
-from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
+
+from ..helpers import FakeClock, fake_reader
 
 Q = struct.Struct("<Q")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make(wakeup: aperf.Wakeup, *, caught_up: bool = True,
-         ring_bytes: int = 4096) -> tuple[Reader, FakeRingSource, Clock, int]:
+         ring_bytes: int = 4096) -> tuple[Reader, FakeRingSource, FakeClock, int]:
     src = FakeRingSource(cpus=[0], ring_bytes=ring_bytes)
     if caught_up:
         src.wakes_when_caught_up = True  # type: ignore[attr-defined]  # as RingBufferSource
-    rings = src.open(RingConfig(None, aperf.Wakeup.per_sample()))  # readiness per sample
-    clock = Clock()
-    reader = Reader(src, rings, wakeup=wakeup, clock=clock)
-    return reader, src, clock, rings[0].handle
+    # Readiness per sample, whatever the reader's wakeup.
+    reader, clock = fake_reader(src, wakeup, ring_wakeup=aperf.Wakeup.per_sample())
+    return reader, src, clock, src._rings[0].handle
 
 
 def test_a_wakeup_is_left_to_the_next_tick_and_counted() -> None:

@@ -11,18 +11,11 @@ import pytest
 import aperf
 from aperf._reading.callbacks import Handlers
 from aperf._reading.reader import Reader
-from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
+from ..helpers import FakeClock, fake_reader
+
 Q = struct.Struct("<Q")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make(
@@ -32,12 +25,10 @@ def make(
     wakeup: aperf.Wakeup | None = None,
     exact_lost: bool = True,
     **kwargs: Any,
-) -> tuple[Reader, FakeRingSource, Clock]:
+) -> tuple[Reader, FakeRingSource, FakeClock]:
     src = FakeRingSource(cpus=cpus or [0, 1], ring_bytes=ring_bytes, exact_lost=exact_lost)
-    wakeup = wakeup or aperf.Wakeup.per_sample()
-    rings = src.open(RingConfig(None, wakeup))
-    clock = Clock()
-    return Reader(src, rings, wakeup=wakeup, clock=clock, **kwargs), src, clock
+    reader, clock = fake_reader(src, wakeup, **kwargs)
+    return reader, src, clock
 
 
 def seqs(events: list[Any]) -> list[tuple[int, int]]:
