@@ -4,9 +4,9 @@
 through one reader, one bounded queue and one drain clock (libbpf's
 ``ring_buffer__add``, libbpf-rs's ``RingBufferBuilder::add``). The reader is
 the single-map one: it only sees rings, keyed here by a composite key,
-``index * STRIDE + cpu + 1`` (a ring buffer's cpu -1 fits), so that every ring
-of every member has a key of its own. The composite key never leaves aperf:
-each map has an ``EventBuilder`` (and a ``Columns``) of its own that builds the
+``map_key_offset(index) + cpu`` (a ring buffer's cpu -1 fits: ``_rings/seam.py``), so
+that every ring of every member has a key of its own. The composite key never leaves
+aperf: each map has an ``EventBuilder`` (and a ``Columns``) of its own that builds the
 map's tagged event classes (``tagged(Sample, name)``) with the real CPU.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,30 +23,27 @@ from .._errors import BrokenRingError, UnsupportedError
 from .._events import Event, Lost, SampleArray
 from .._options import DecodeErrorPolicy
 from .._rings.seam import (
+    MAP_KEY_STRIDE,
     HandleKind,
+    HotplugSource,
+    NoticeSource,
+    PausableSource,
+    QuiescingSource,
     RecordFormat,
     Ring,
     RingConfig,
     RingSource,
     Run,
     Segment,
+    SeveralMapsSource,
     SourceEnded,
+    Split,
+    map_key_offset,
 )
 from .build import Decoder, EventBuilder, Payloads, Requeue, RunPiece
 
 if TYPE_CHECKING:
     from .columnar import ArrayItem, Columns
-
-STRIDE = 1 << 20
-"""Ring keys of member ``i`` are ``i * STRIDE + cpu + 1``: room for any CPU id (or perf
-map key) below ``STRIDE - 1``, and for -1 (a ring buffer)."""
-
-Split = Callable[[int, bytes], tuple[list[Segment], int]]
-
-
-def offset_of(index: int) -> int:
-    """What member ``index`` adds to its rings' keys."""
-    return index * STRIDE + 1
 
 
 def _nothing() -> bytes:
@@ -105,9 +103,9 @@ class MultiRecords:
         names = self.names
 
         def split(key: int, span: bytes) -> tuple[list[Segment], int]:
-            index = key // STRIDE
+            index = key // MAP_KEY_STRIDE
             try:
-                return splits[index](key - offset_of(index), span)
+                return splits[index](key - map_key_offset(index), span)
             except BrokenRingError as exc:
                 if exc.map is None:
                     exc.map = names[index]
@@ -131,53 +129,54 @@ class MultiBuilder:
         self.decoder: Decoder | None = None  # one per map: see members
 
     def run(self, key: int, run: Run, start: int, stop: int, out: list[Any]) -> None:
-        self.members[key // STRIDE].run(key, run, start, stop, out)
+        self.members[key // MAP_KEY_STRIDE].run(key, run, start, stop, out)
 
     def payloads(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
-        self.members[key // STRIDE].payloads(key, payloads, uniform, out)
+        self.members[key // MAP_KEY_STRIDE].payloads(key, payloads, uniform, out)
 
     def failed(
         self, key: int, payloads: list[bytes], uniform: bool, index: int, exc: Exception,
         out: list[Event[Any]],
     ) -> bool:
-        return self.members[key // STRIDE].failed(key, payloads, uniform, index, exc, out)
+        return self.members[key // MAP_KEY_STRIDE].failed(key, payloads, uniform, index, exc, out)
 
     def lost(self, key: int, count: int) -> Lost:
-        return self.members[key // STRIDE].lost(key, count)
+        return self.members[key // MAP_KEY_STRIDE].lost(key, count)
 
     def cpu_of(self, key: int) -> int:
-        return key - offset_of(key // STRIDE)
+        return key - map_key_offset(key // MAP_KEY_STRIDE)
 
     def key_of(self, event: Lost) -> int:
         """The ring key of a notice a member made: its map's offset plus its real CPU."""
         for index, member in enumerate(self.members):
             if member.map == event.map:
-                return int(event.cpu) + offset_of(index)
+                return int(event.cpu) + map_key_offset(index)
         raise LookupError(f"no map named {event.map!r} in this stream")
 
     def map_of(self, key: int) -> str | None:
-        return self.members[key // STRIDE].map
+        return self.members[key // MAP_KEY_STRIDE].map
 
 
 class MultiColumns:
     """Columnar batches over several maps: a ``Columns`` per map (each its own dtype),
     by ring key; the front queues' items go to the ``Columns`` of their map."""
 
-    def __init__(self, members: Sequence[Columns]) -> None:
+    def __init__(self, source: SeveralMapsSource, members: Sequence[Columns]) -> None:
+        self.source = source
         self.members = list(members)
         self._index = {columns.map: index for index, columns in enumerate(members)}
 
-    def split_for(self, records: Any) -> Split:
-        """The reader's split, with each map's runs found as its ``Columns`` finds them."""
-        assert isinstance(records, MultiRecords)
-        return records.dispatching([
-            columns.split_for(fmt) for columns, fmt in zip(self.members, records.formats,
-                                                           strict=True)
+    def split_for(self, records: RecordFormat) -> Split:
+        """The reader's split, with each map's runs found as its ``Columns`` finds them
+        (``records``: the source's, which dispatches by ring key)."""
+        return self.source.split_with([
+            columns.split_for(member.source.records)
+            for columns, member in zip(self.members, self.source.members, strict=True)
         ])
 
     def arrays(self, piece: RunPiece | Payloads, builder: MultiBuilder, max_rows: int | None,
                out: list[Any]) -> None:
-        index = piece.key // STRIDE
+        index = piece.key // MAP_KEY_STRIDE
         self.members[index].arrays(piece, builder.members[index], max_rows, out)
 
     def front(self, events: Iterable[Event[Any]]) -> list[ArrayItem]:
@@ -222,7 +221,9 @@ class MultiSource:
 
     ``open`` is all or nothing; ``free`` and ``after_fork`` go to every member, in order.
     Readiness handles are the members' own fds, so each one's ``acknowledge`` goes to
-    the member that owns it.
+    the member that owns it. What it may add (notices, CPU hotplug, pausing, quiescing)
+    it has when its members do: ``several_maps()`` makes it of a class with those
+    abilities and no others (``_rings/seam.py``).
     """
 
     def __init__(self, members: Sequence[Member]) -> None:
@@ -269,13 +270,13 @@ class MultiSource:
         return rings
 
     def _adopt(self, index: int, rings: Iterable[Ring]) -> list[_MemberRing]:
-        offset = offset_of(index)
+        offset = map_key_offset(index)
         adopted = []
         for ring in rings:
-            if not -1 <= ring.key < STRIDE - 1:
+            if not -1 <= ring.key < MAP_KEY_STRIDE - 1:
                 raise UnsupportedError(
                     f"map {self.members[index].name!r}: ring key {ring.key} is too large for "
-                    f"a stream of several maps (below {STRIDE - 1})"
+                    f"a stream of several maps (below {MAP_KEY_STRIDE - 1})"
                 )
             adopted.append(_MemberRing(ring, offset))
             self._owner[ring.handle] = index
@@ -284,13 +285,9 @@ class MultiSource:
 
     def _learn_notices(self) -> None:
         for index, member in enumerate(self.members):
-            for handle in getattr(member.source, "notices", ()):
-                self._owner[handle] = index
-
-    @property
-    def notices(self) -> list[int]:
-        """Every member's notices (handles of no ring: map locks, CPU hotplug)."""
-        return [h for m in self.members for h in getattr(m.source, "notices", ())]
+            if isinstance(member.source, NoticeSource):
+                for handle in member.source.notices:
+                    self._owner[handle] = index
 
     @property
     def ring_bytes(self) -> int:
@@ -299,7 +296,7 @@ class MultiSource:
 
     def ring_bytes_of(self, key: int) -> int:
         """The data bytes of ring ``key``: its map's ring size."""
-        return self._sizes[key // STRIDE]
+        return self._sizes[key // MAP_KEY_STRIDE]
 
     @property
     def memory_bytes(self) -> int:
@@ -319,6 +316,10 @@ class MultiSource:
             facts[member.name] = (self._sizes[index], member.source.memory_bytes, counter)
         return facts
 
+    def split_with(self, splits: Sequence[Split]) -> Split:
+        """A split over composite keys that hands each span to its member's ``splits``."""
+        return self.multi_records.dispatching(splits)
+
     def acknowledge(self, handle: int) -> None:
         index = self._owner.get(handle)
         if index is None:
@@ -336,16 +337,66 @@ class MultiSource:
                     ring.silence()
             raise SourceEnded(end.error, drain=True) from end.error
 
+    def free(self) -> None:
+        self._each(_free)
+
+    def after_fork(self) -> None:
+        self._each(_after_fork)
+
+    def _each(self, step: Callable[[RingSource], None], *, forget: bool = True) -> None:
+        """``step`` for every member's source, in order, even after one fails (the first
+        error raised); ``forget``: the rings too."""
+        if forget:
+            self._owner = {}
+            self._rings = [[] for _ in self.members]
+        failure: BaseException | None = None
+        for member in self.members:
+            try:
+                step(member.source)
+            except BaseException as exc:  # raised below, after the others are done
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+
+def _free(source: RingSource) -> None:
+    source.free()
+
+
+def _after_fork(source: RingSource) -> None:
+    source.after_fork()
+
+
+def _quiesce(source: RingSource) -> None:
+    if isinstance(source, QuiescingSource):
+        source.quiesce()
+
+
+# --- what a stream of several maps may add, when its maps do -------------------------
+
+
+class _Notices(MultiSource):
+    """Some member has notices (``NoticeSource``)."""
+
+    @property
+    def notices(self) -> list[int]:
+        """Every member's notices (handles of no ring: map locks, CPU hotplug)."""
+        return [h for m in self.members if isinstance(m.source, NoticeSource)
+                for h in m.source.notices]
+
+
+class _Hotplug(_Notices):
+    """Some member follows CPU hotplug (``HotplugSource``)."""
+
     def cpus_changed(self) -> tuple[list[int], list[Ring]]:
         """CPU hotplug, for every member that follows it: keys as composite keys."""
         gone: list[int] = []
         new: list[Ring] = []
         for index, member in enumerate(self.members):
-            changed = getattr(member.source, "cpus_changed", None)
-            if changed is None:
+            if not isinstance(member.source, HotplugSource):
                 continue
-            went, came = changed()
-            offset = offset_of(index)
+            went, came = member.source.cpus_changed()
+            offset = map_key_offset(index)
             keys = {key + offset for key in went}
             gone.extend(sorted(keys))
             # The rings of CPUs gone offline are the reader's to drain and forget: their
@@ -359,74 +410,82 @@ class MultiSource:
             new.extend(self._adopt(index, came))
         return gone, new
 
+
+class _Pausing(MultiSource):
+    """Every member can pause its producer (``PausableSource``): all of them or none."""
+
     def pause(self) -> None:
-        """Pause every map's producer (``PausableSource``), or none of them."""
-        self._set_paused("pause")
+        """Pause every map's producer."""
+        for member in self.members:
+            assert isinstance(member.source, PausableSource)
+            member.source.pause()
 
     def resume(self) -> None:
-        self._set_paused("resume")
-
-    def _set_paused(self, step: str) -> None:
-        cannot = [m.name for m in self.members if not hasattr(m.source, step)]
-        if cannot:
-            raise UnsupportedError(
-                f"map {', '.join(map(repr, cannot))} cannot {step} its producer: a BPF ring "
-                "buffer has no map slots to empty; a stream of several maps pauses all of "
-                "them or none (stop or detach the BPF programs instead)"
-            )
         for member in self.members:
-            getattr(member.source, step)()
+            assert isinstance(member.source, PausableSource)
+            member.source.resume()
+
+
+class _Quiescing(MultiSource):
+    """Some member stops its producer before the close (``QuiescingSource``)."""
 
     def quiesce(self) -> None:
-        """Stop every member's producer (``QuiescingSource``) before the close drains any
-        ring: a map whose producer wrote on until the maps before it were freed would
-        lose what it wrote meanwhile. Every member is asked, even after one fails."""
-        self._each("quiesce", optional=True, forget=False)
+        """Stop every member's producer before the close drains any ring: a map whose
+        producer wrote on until the maps before it were freed would lose what it wrote
+        meanwhile. Every member is asked, even after one fails."""
+        self._each(_quiesce, forget=False)
 
-    def free(self) -> None:
-        self._each("free")
 
-    def after_fork(self) -> None:
-        self._each("after_fork")
+@functools.cache
+def _with(abilities: tuple[type[MultiSource], ...]) -> type[MultiSource]:
+    """The class of a stream of several maps with these abilities (one class each)."""
+    return abilities[0] if len(abilities) == 1 else type(
+        "MultiSource", abilities, {"__doc__": MultiSource.__doc__})
 
-    def _each(self, step: str, *, optional: bool = False, forget: bool = True) -> None:
-        """Every member's ``step`` (``optional``: of those that have it), in order, even
-        after one fails (the first error raised); ``forget``: the rings too."""
-        if forget:
-            self._owner = {}
-            self._rings = [[] for _ in self.members]
-        failure: BaseException | None = None
-        for member in self.members:
-            if optional and not hasattr(member.source, step):
-                continue
-            try:
-                getattr(member.source, step)()
-            except BaseException as exc:  # raised below, after the others are done
-                failure = failure or exc
-        if failure is not None:
-            raise failure
 
-    # --- what the reader builds on it ----------------------------------------------------
+def several_maps(members: Sequence[Member]) -> MultiSource:
+    """The source of a stream of several maps, with what its maps can do: notices and CPU
+    hotplug if any map has them, pausing if every map can pause, quiescing if any map
+    can be quiesced."""
+    sources = [m.source for m in members]
+    abilities: list[type[MultiSource]] = []
+    if any(isinstance(s, HotplugSource) for s in sources):
+        abilities.append(_Hotplug)
+    elif any(isinstance(s, NoticeSource) for s in sources):
+        abilities.append(_Notices)
+    if all(isinstance(s, PausableSource) for s in sources):
+        abilities.append(_Pausing)
+    if any(isinstance(s, QuiescingSource) for s in sources):
+        abilities.append(_Quiescing)
+    return _with((*abilities, MultiSource))(members)
 
-    def event_builder(self, decode_errors: DecodeErrorPolicy, requeue: Requeue) -> MultiBuilder:
-        errors: dict[int, int] = {}
-        return MultiBuilder([
-            EventBuilder(m.decoder, decode_errors, requeue, map=m.name, offset=offset_of(i),
-                         errors=errors)
-            for i, m in enumerate(self.members)
-        ], errors, decode_errors)
 
-    def columns(self, load_columns: Callable[..., Columns]) -> MultiColumns:
-        """A ``Columns`` per map, each made by ``load_columns`` (``reader.load_columns``):
-        ImportError without NumPy; TypeError naming the map whose decoder has no layout."""
-        members = []
-        for index, member in enumerate(self.members):
-            try:
-                members.append(load_columns(member.decoder, map=member.name,
-                                            offset=offset_of(index)))
-            except TypeError as exc:
-                raise TypeError(f"map {member.name!r}: {exc}") from None
-        return MultiColumns(members)
+# --- what the reader builds on it ----------------------------------------------------
+
+
+def event_builder(source: SeveralMapsSource, decode_errors: DecodeErrorPolicy,
+                  requeue: Requeue) -> MultiBuilder:
+    """The reader's event builder over the maps of ``source``: one per map."""
+    errors: dict[int, int] = {}
+    return MultiBuilder([
+        EventBuilder(m.decoder, decode_errors, requeue, map=m.name, offset=map_key_offset(i),
+                     errors=errors)
+        for i, m in enumerate(source.members)
+    ], errors, decode_errors)
+
+
+def columns(source: SeveralMapsSource, load_columns: Callable[..., Columns]) -> MultiColumns:
+    """A ``Columns`` per map of ``source``, each made by ``load_columns``
+    (``reader.load_columns``): ImportError without NumPy; TypeError naming the map whose
+    decoder has no layout."""
+    members = []
+    for index, member in enumerate(source.members):
+        try:
+            members.append(load_columns(member.decoder, map=member.name,
+                                        offset=map_key_offset(index)))
+        except TypeError as exc:
+            raise TypeError(f"map {member.name!r}: {exc}") from None
+    return MultiColumns(source, members)
 
 
 def check_names(names: Sequence[str]) -> None:

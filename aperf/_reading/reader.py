@@ -37,12 +37,22 @@ from .._events import (
 )
 from .._log import log
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
-from .._rings.seam import Ring, RingSource, Run, Segment, SourceEnded
+from .._rings.seam import (
+    GatheringSource,
+    HotplugSource,
+    NoticeSource,
+    Ring,
+    RingSource,
+    Run,
+    Segment,
+    SeveralMapsSource,
+    SourceEnded,
+)
+from . import multi
 from .build import Decoder, EventBuilder, Payloads, RunPiece
 from .callbacks import Handlers, dispatch
 from .clock import Clock, DrainClock
 from .losses import LossLedger, LostCounter
-from .multi import MultiSource
 from .order import DEFAULT_LATENESS, ArrayOrderer, Orderer, OrderKey
 
 if TYPE_CHECKING:
@@ -98,10 +108,10 @@ def gather_threshold(source: RingSource, wakeup: Wakeup, ring_bytes: int) -> int
     """Below how many pending bytes a wakeup is left to the drain timer (0: never).
 
     Only for sources whose kernel wakes the reader once it caught up (a BPF ring
-    buffer: ``wakes_when_caught_up``), with batched wakeups: the wakeup policy's
+    buffer: ``GatheringSource``), with batched wakeups: the wakeup policy's
     watermark, or a quarter of the ring.
     """
-    if not wakeup.batched or not getattr(source, "wakes_when_caught_up", False):
+    if not wakeup.batched or not isinstance(source, GatheringSource):
         return 0
     if wakeup.watermark_bytes:
         return min(wakeup.watermark_bytes, ring_bytes)
@@ -153,12 +163,13 @@ class Reader:
         self._handles: dict[int, list[Ring]] = {}
         for ring in rings:
             self._handles.setdefault(ring.handle, []).append(ring)
-        for handle in getattr(source, "notices", ()):  # handles of no ring (see SourceEnded)
-            self._handles.setdefault(handle, [])
+        if isinstance(source, NoticeSource):  # handles of no ring (see SourceEnded)
+            for handle in source.notices:
+                self._handles.setdefault(handle, [])
         # Several maps: a builder per map, by ring key (``multi.py``).
         self.builder = EventBuilder(decoder, decode_errors, self._requeue) if not isinstance(
-            source, MultiSource) else cast(EventBuilder, source.event_builder(
-                decode_errors, self._requeue))  # it has an EventBuilder's calls
+            source, SeveralMapsSource) else cast(EventBuilder, multi.event_builder(
+                source, decode_errors, self._requeue))  # it has an EventBuilder's calls
         self.max_pending = max_pending
         self.resume_below = max(1, max_pending // 2)
         self.ring_bytes = source.ring_bytes
@@ -166,7 +177,7 @@ class Reader:
         self._full_mark = max(0, self.ring_bytes - MAX_RECORD)
         # Several maps: rings of different sizes.
         self._sizes: Callable[[int], int] | None = (
-            source.ring_bytes_of if isinstance(source, MultiSource) else None)
+            source.ring_bytes_of if isinstance(source, SeveralMapsSource) else None)
         self.held: deque[Event[Any]] = deque()  # built events, served before the queue
         self.next_event = self.held.popleft  # IndexError when the front is empty
         self.held_arrays: deque[ArrayItem] = deque()
@@ -201,7 +212,8 @@ class Reader:
         self._last_span: dict[int, int] = {}  # per ring: the bytes its last drain took
         # Rings whose wakeups the source holds back while records flow (see _gathers).
         self._hush: Callable[[int, bool], None] | None = (
-            getattr(source, "hush_wakeups", None) if self.gather_below else None)
+            source.hush_wakeups if self.gather_below and isinstance(source, GatheringSource)
+            else None)
         self.hushed: set[int] = set()
 
     # --- what drivers ask -----------------------------------------------------------
@@ -310,9 +322,8 @@ class Reader:
         except SourceEnded as end:
             return self.end(end.error, drain=end.drain)
         added = 0
-        changed = None if rings else getattr(self.source, "cpus_changed", None)
-        if changed is not None:
-            added += self._cpus_changed(*changed())
+        if not rings and isinstance(self.source, HotplugSource):  # a notice: maybe hotplug
+            added += self._cpus_changed(*self.source.cpus_changed())
         for ring in rings:
             counters = self.counters.get(ring.key)
             if counters is not None:
@@ -742,8 +753,8 @@ class Reader:
         """
         if self._columns is None:
             source = self.source
-            columns = cast("Columns", source.columns(load_columns)) if isinstance(  # one per map
-                source, MultiSource) else load_columns(self.decoder)
+            columns = cast("Columns", multi.columns(source, load_columns)) if isinstance(
+                source, SeveralMapsSource) else load_columns(self.decoder)  # one per map
             # From now on runs are found with NumPy too.
             self.split = columns.split_for(source.records)
             self._columns = columns
@@ -973,7 +984,7 @@ class Reader:
             drain_period=None if self.closed else self.period(self.clock.now()),
             lost_counter=self.lost_counter,
             _maps=self.source.map_facts(self.losses.exact) if isinstance(
-                self.source, MultiSource) else None,
+                self.source, SeveralMapsSource) else None,
         )
 
     def _cpu_statistics(self, key: int, c: list[int]) -> CpuStatistics:

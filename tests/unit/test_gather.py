@@ -5,6 +5,7 @@ records gather meanwhile; on a fake source marked so, with a fake clock."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 
@@ -24,11 +25,24 @@ class Clock:
         return self.now
 
 
+class CaughtUpSource(FakeRingSource):
+    """Fake rings whose kernel wakes the reader only once it caught up, as a BPF ring
+    buffer's does (``aperf.abc.GatheringSource``); its wakeups held back are recorded."""
+
+    wakes_when_caught_up = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hushes: list[tuple[int, bool]] = []
+
+    def hush_wakeups(self, handle: int, hushed: bool) -> None:
+        self.hushes.append((handle, hushed))
+
+
 def make(wakeup: aperf.Wakeup, *, caught_up: bool = True,
          ring_bytes: int = 4096) -> tuple[Reader, FakeRingSource, Clock, int]:
-    src = FakeRingSource(cpus=[0], ring_bytes=ring_bytes)
-    if caught_up:
-        src.wakes_when_caught_up = True  # type: ignore[attr-defined]  # as RingBufferSource
+    kind = CaughtUpSource if caught_up else FakeRingSource
+    src = kind(cpus=[0], ring_bytes=ring_bytes)
     rings = src.open(RingConfig(None, aperf.Wakeup.per_sample()))  # readiness per sample
     clock = Clock()
     reader = Reader(src, rings, wakeup=wakeup, clock=clock)
@@ -83,8 +97,7 @@ def test_lowest_latency_and_perf_rings_read_every_wakeup() -> None:
 
 
 def test_the_threshold_follows_the_wakeup_policy() -> None:
-    src = FakeRingSource()
-    src.wakes_when_caught_up = True  # type: ignore[attr-defined]
+    src = CaughtUpSource()
     assert gather_threshold(src, aperf.Wakeup.balanced(), 1 << 20) == 1 << 18
     assert gather_threshold(src, aperf.Wakeup.throughput(), 1 << 20) == 1 << 19
     assert gather_threshold(src, aperf.Wakeup.watermark(1000), 1 << 20) == 1000
@@ -102,8 +115,8 @@ def test_drain_gathered_takes_what_waits_for_the_timer() -> None:
 
 def test_wakeups_are_held_back_while_records_flow_and_passed_again_when_idle() -> None:
     reader, src, clock, handle = make(aperf.Wakeup.balanced())
-    calls: list[tuple[int, bool]] = []
-    reader._hush = lambda h, hushed: calls.append((h, hushed))
+    assert isinstance(src, CaughtUpSource)
+    calls = src.hushes
     src.write(0, Q.pack(0))
     assert reader.on_ready(handle) == 0
     assert calls == [(handle, True)] and reader.hushed == {0}
@@ -118,15 +131,14 @@ def test_wakeups_are_held_back_while_records_flow_and_passed_again_when_idle() -
 
 def test_a_sizeable_drain_passes_wakeups_again() -> None:
     reader, src, clock, handle = make(aperf.Wakeup.watermark(256))
-    calls: list[bool] = []
-    reader._hush = lambda h, hushed: calls.append(hushed)
+    assert isinstance(src, CaughtUpSource)
     src.write(0, Q.pack(0))
     assert reader.on_ready(handle) == 0
     for i in range(1, 5):  # 80 bytes in all: a quarter of the threshold or more
         src.write(0, Q.pack(i))
     clock.now = reader.deadline
     assert reader.tick() == 5
-    assert calls == [True, False]
+    assert [hushed for _, hushed in src.hushes] == [True, False]
 
 
 def test_a_wakeup_long_after_the_last_drain_is_read_at_once() -> None:
