@@ -33,7 +33,6 @@ from .._options import (
 )
 from .._reading import multi
 from .._reading.clock import Clock
-from .._reading.multi import Member, MultiSource, check_names, several_maps
 from .._reading.order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from .._reading.reader import Reader, load_columns
 from .._rings.map_spec import (
@@ -43,6 +42,7 @@ from .._rings.map_spec import (
     check_map_source,
     map_type_of,
 )
+from .._rings.multi import Member, MultiSource, check_names, several_maps
 from .._rings.perf.source import PerfEventArraySource, check_layout
 from .._rings.ringbuf.array import RingBufferArraySource
 from .._rings.ringbuf.source import RingBufferSource
@@ -280,7 +280,7 @@ class ReaderOptions:
         order_by: str | Callable[[Any], Any] | None,
         lateness: float,
     ) -> ReaderOptions:
-        """Several maps in one stream (``_reading/multi.py``): each spec resolved as a single
+        """Several maps in one stream (``_rings/multi.py``): each spec resolved as a single
         source is, each decoder against its own map's source."""
         if isinstance(source, Mapping):
             pairs = list(source.items())

@@ -78,6 +78,9 @@ def payloads_of(segment: tuple[list[bytes], bool] | Run) -> list[bytes]:
 RunEnd = Callable[[bytes, int, int, int], int]
 """``(span, pos, size, end)`` -> where the run of identical records from ``pos`` ends."""
 
+Split = Callable[[int, bytes], tuple[list[Segment], int]]
+"""A record format's ``split``."""
+
 
 # --- the protocols ---
 
@@ -96,6 +99,16 @@ class RecordFormat(Protocol):
 
         Raises ``BrokenRingError`` on a record that does not fit.
         """
+        ...
+
+
+@runtime_checkable
+class ColumnarRecords(RecordFormat, Protocol):
+    """A record format with a split of its own for columnar consumers (aperf's own: perf
+    records, whose runs of identical records NumPy finds at C speed)."""
+
+    def columnar_split(self) -> Split:
+        """A split as ``split``, for a reader whose consumer takes arrays."""
         ...
 
 
@@ -329,10 +342,6 @@ MAP_KEY_STRIDE = 1 << 20
 """In a source of several maps, ring keys of map ``i`` are ``i * MAP_KEY_STRIDE + key + 1``
 (``map_key_offset(i) + key``): room for any CPU id (or perf map key) below
 ``MAP_KEY_STRIDE - 1``, and for -1 (a ring buffer)."""
-
-Split = Callable[[int, bytes], tuple[list[Segment], int]]
-"""A record format's ``split``."""
-
 
 def map_key_offset(index: int) -> int:
     """What map ``index`` of a source of several maps adds to its rings' keys."""

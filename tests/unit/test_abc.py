@@ -118,7 +118,7 @@ def test_every_source_aperf_ships_declares_what_it_has_and_no_more(tmp_path: Any
 
 
 def test_several_maps_can_do_what_their_maps_can() -> None:
-    from aperf._reading.multi import Member, several_maps
+    from aperf._rings.multi import Member, several_maps
     from aperf._rings.perf.source import PerfEventArraySource
     from aperf._rings.seam import SeveralMapsSource
 

@@ -49,9 +49,10 @@ INSIDE = {
     # The seam (the protocols and the segment types every format hands the reader) sits
     # under the formats and sources that implement it; Windows' ring buffer reads with
     # the ring buffer format.
-    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "perf": 2, "ringbuf": 2,
+    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "multi": 1, "perf": 2, "ringbuf": 2,
                "windows": 3},
-    "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
+    "_rings.perf": {"format": 0, "runs": 0, "backward": 0, "hotplug": 0, "source": 1,
+                    "fake": 2},
     "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
     "_rings.windows": {"perf": 0, "ringbuf": 1},
     "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
@@ -254,6 +255,15 @@ def test_map_backed_sources_do_not_import_one_another() -> None:
 def test_the_btf_room_knows_no_bpf_object() -> None:
     source = (PACKAGE / "_bpf" / "btf.py").read_text()
     assert "_bpf.object" not in imports()["_bpf.btf"] and "TYPE_CHECKING" not in source
+
+
+def test_the_reading_floor_knows_no_particular_source() -> None:
+    # The reader and its rooms talk to sources through the seam only: what a source can
+    # do is a protocol there (isinstance), never a class of one of them.
+    known = sorted(f"{module} imports {dep}" for module, deps in imports().items()
+                   if _inside(module, "_reading") for dep in deps
+                   if _inside(dep, "_rings") and dep != "_rings.seam")
+    assert known == []
 
 
 def test_the_reader_reaches_no_binding() -> None:
