@@ -165,7 +165,7 @@ def enable(reader: Reader) -> list[LeaseRing]:
                 lease_ring = LeaseRing(ring)
             except (OSError, ValueError):
                 continue  # the kernel would not map it again: this ring is copied
-            reader.swap_ring(lease_ring)
+            reader.rings.swap(lease_ring)
             leased.append(lease_ring)
     return leased
 

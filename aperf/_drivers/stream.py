@@ -724,8 +724,7 @@ class PerfStream(Generic[T]):
         """
         max_rows = _check_max_rows(max_rows)
         reader = self._require_open()
-        if reader._columns is None:
-            reader.columns()  # NumPy and a decoder with a layout, now
+        reader.columns()  # NumPy and a decoder with a layout, now
         from .lease import AsyncLease
 
         return AsyncLease(self, reader, max_rows)

@@ -339,7 +339,7 @@ class PerfBuffer(Generic[T]):
             if deadline is not None and time.monotonic() >= deadline:
                 # A ring buffer's wakeup waits for the drain timer (records gather
                 # meanwhile): within the timeout, not past it.
-                if reader.gathering and reader.drain_gathered():
+                if reader.drain_gathered():
                     return take()
                 return nothing
 

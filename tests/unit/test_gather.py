@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import aperf
-from aperf._reading.reader import Reader, gather_threshold
+from aperf._reading.gather import gather_threshold
+from aperf._reading.reader import Reader
 from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
@@ -39,6 +40,16 @@ class CaughtUpSource(FakeRingSource):
         self.hushes.append((handle, hushed))
 
 
+def gathering(reader: Reader) -> set[int]:
+    assert reader.gather is not None
+    return reader.gather.gathering
+
+
+def hushed(reader: Reader) -> set[int]:
+    assert reader.gather is not None
+    return reader.gather.hushed
+
+
 def make(wakeup: aperf.Wakeup, *, caught_up: bool = True,
          ring_bytes: int = 4096) -> tuple[Reader, FakeRingSource, Clock, int]:
     kind = CaughtUpSource if caught_up else FakeRingSource
@@ -56,12 +67,12 @@ def test_a_wakeup_is_left_to_the_next_tick_and_counted() -> None:
     clock.now += 0.0001
     src.write(0, Q.pack(0))
     assert reader.on_ready(handle) == 0  # not read: records gather
-    assert reader.gathering == {0}
+    assert gathering(reader) == {0}
     assert reader.deadline == pytest.approx(100.002)  # within max_latency of the wakeup
     for i in range(1, 5):
         src.write(0, Q.pack(i))  # (the kernel would not wake a reader that did not catch up)
     clock.now = reader.deadline
-    assert reader.tick() == 5 and not reader.gathering
+    assert reader.tick() == 5 and not gathering(reader)
     assert [Q.unpack_from(e.data)[0] for e in reader.take(10)] == list(range(5))
     stats = reader.statistics()
     assert stats.wakeups == 1 and stats.samples == 5
@@ -71,7 +82,7 @@ def test_a_ring_past_the_threshold_is_read_at_once() -> None:
     reader, src, _, handle = make(aperf.Wakeup.watermark(64))
     for i in range(8):  # 8 records of 16 bytes with their headers: past 64 bytes
         src.write(0, Q.pack(i))
-    assert reader.on_ready(handle) == 8 and not reader.gathering
+    assert reader.on_ready(handle) == 8 and not gathering(reader)
 
 
 def test_after_a_large_drain_wakeups_are_read_at_once() -> None:
@@ -91,7 +102,7 @@ def test_lowest_latency_and_perf_rings_read_every_wakeup() -> None:
     for wakeup, caught_up in ((aperf.Wakeup.per_sample(), True),
                               (aperf.Wakeup.balanced(), False)):
         reader, src, _, handle = make(wakeup, caught_up=caught_up)
-        assert reader.gather_below == 0
+        assert reader.gather is None  # no gathering: nothing of it runs
         src.write(0, Q.pack(1))
         assert reader.on_ready(handle) == 1
 
@@ -109,7 +120,7 @@ def test_drain_gathered_takes_what_waits_for_the_timer() -> None:
     reader, src, _, handle = make(aperf.Wakeup.balanced())
     src.write(0, Q.pack(1))
     assert reader.on_ready(handle) == 0
-    assert reader.drain_gathered() == 1 and not reader.gathering
+    assert reader.drain_gathered() == 1 and not gathering(reader)
     assert reader.drain_gathered() == 0
 
 
@@ -119,14 +130,14 @@ def test_wakeups_are_held_back_while_records_flow_and_passed_again_when_idle() -
     calls = src.hushes
     src.write(0, Q.pack(0))
     assert reader.on_ready(handle) == 0
-    assert calls == [(handle, True)] and reader.hushed == {0}
+    assert calls == [(handle, True)] and hushed(reader) == {0}
     src.write(0, Q.pack(1))
     clock.now = reader.deadline
     assert reader.tick() == 2  # records flow: the ticks take them, still held back
     assert calls == [(handle, True)]
     clock.now = reader.deadline
     assert reader.tick() == 0  # an empty drain: wakeups again, for the next record
-    assert calls == [(handle, True), (handle, False)] and not reader.hushed
+    assert calls == [(handle, True), (handle, False)] and not hushed(reader)
 
 
 def test_a_sizeable_drain_passes_wakeups_again() -> None:
@@ -146,8 +157,8 @@ def test_a_wakeup_long_after_the_last_drain_is_read_at_once() -> None:
     reader, src, clock, handle = make(aperf.Wakeup.balanced())
     clock.now += 0.0015  # the last drain (at open) is more than max_latency ago
     src.write(0, Q.pack(0))
-    assert reader.on_ready(handle) == 1 and not reader.gathering
+    assert reader.on_ready(handle) == 1 and not gathering(reader)
     clock.now += 0.0002  # 0.2 ms after that drain: gathered until 1 ms after it
     src.write(0, Q.pack(1))
-    assert reader.on_ready(handle) == 0 and reader.gathering == {0}
+    assert reader.on_ready(handle) == 0 and gathering(reader) == {0}
     assert reader.deadline is not None and reader.deadline <= clock.now - 0.0002 + 0.001 + 1e-9

@@ -55,8 +55,11 @@ INSIDE = {
                     "fake": 2},
     "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
     "_rings.windows": {"perf": 0, "ringbuf": 1},
-    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
-                 "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
+    # The reader's rooms below it: the ring set, the drain clock, the loss ledger, the
+    # builder and callbacks; statistics, gathered wakeups and ordering on those.
+    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "rings": 0,
+                 "order": 1, "stats": 1, "gather": 1, "columnar": 2, "multi": 2,
+                 "ordering": 2, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
     "_tools": {"nats_options": 0, "trace": 1, "record": 2},
