@@ -725,9 +725,10 @@ class PerfStream(Generic[T]):
         max_rows = _check_max_rows(max_rows)
         reader = self._require_open()
         reader.columns()  # NumPy and a decoder with a layout, now
-        from .lease import AsyncLease
+        from .lease import AsyncLease, lease
 
-        return AsyncLease(self, reader, max_rows)
+        return AsyncLease(lease(reader.rings), partial(self._take_arrays, reader, max_rows),
+                          self._wait, lambda: self.closed)
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()

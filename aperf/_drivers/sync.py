@@ -355,9 +355,10 @@ class PerfBuffer(Generic[T]):
         with self._lock:
             reader = self._require_open()
             reader.columns()  # NumPy and a decoder with a layout, now
-            from .lease import SyncLease
+            from .lease import SyncLease, lease
 
-            return SyncLease(self, reader, max_rows, timeout_ms)
+            return SyncLease(lease(reader.rings),
+                             partial(self._lease_batch, max_rows, timeout_ms), self._lock)
 
     def _lease_batch(self, max_rows: int | None, timeout_ms: float) -> list[Any]:
         with self._lock:

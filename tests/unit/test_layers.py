@@ -52,14 +52,14 @@ INSIDE = {
     "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "multi": 1, "perf": 2, "ringbuf": 2,
                "windows": 3},
     "_rings.perf": {"format": 0, "runs": 0, "backward": 0, "hotplug": 0, "source": 1,
-                    "fake": 2},
+                    "fake": 2, "lease_ring": 2},
     "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
     "_rings.windows": {"perf": 0, "ringbuf": 1},
     # The reader's rooms below it: the ring set, the drain clock, the loss ledger, the
     # builder and callbacks; statistics, gathered wakeups and ordering on those.
     "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "rings": 0,
                  "order": 1, "stats": 1, "gather": 1, "columnar": 2, "multi": 2,
-                 "ordering": 2, "reader": 3, "snapshot": 4},
+                 "ordering": 2, "lease": 1, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
     "_tools": {"nats_options": 0, "trace": 1, "record": 2},
@@ -79,13 +79,13 @@ KNOWN = {
 # Who may import each binding of _native: __init__ re-exports (libbpf_version);
 # testing's Producer runs a program; the asyncio binding takes libc's timerfd from
 # libbpf's binding. eBPF for Windows' binding serves its sources and waits only, and the
-# second mapping of perf rings serves leases.
+# second mapping of perf rings serves the leased ring.
 NATIVE_USERS = {
     "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
                        "testing", "__init__", "_waiting.asyncio"},
     "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.perf",
                         "_rings.windows.ringbuf"},
-    "_native.shared_ring": {"_drivers.lease"},
+    "_native.shared_ring": {"_rings.perf.lease_ring"},
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
