@@ -136,7 +136,9 @@ class Reader:
         self.next_array = self.held_arrays.popleft
         self.queue: deque[Queued] = deque()
         self.pending = 0  # events in the queue (each sample of a chunk counts)
-        self.stalled: set[int] = set()  # rings with data left while we were full
+        # Rings a drain refused while the queue was full, the longest-refused first: each
+        # pass drains them before the others (_in_turn), so that every ring gets its turn.
+        self.stalled: dict[int, None] = {}
         self.paused = False
         self.closed = False
         self.finished = False  # the source came to its end (SourceEnded(None))
@@ -229,7 +231,7 @@ class Reader:
         # drained since the last tick: else a tick that looked at no ring would take the
         # silence for idleness, and the timer would come back only in idle_latency.
         full = self.pending >= self.max_pending
-        for key in list(self.rings):
+        for key in self._in_turn():
             if full or clock.due(key, since):
                 added += self.drain(key)
                 clock.looked(key, now)
@@ -304,7 +306,7 @@ class Reader:
         return added
 
     def _pause(self, key: int) -> None:
-        self.stalled.add(key)
+        self.stalled.setdefault(key)  # keeps its place if it was refused before
         if not self.paused:
             self.paused = True
             # From now on the full queue holds back every ring, not only this one: drops
@@ -325,7 +327,8 @@ class Reader:
             if self.order is not None:
                 self.order.looked(key, False)  # unseen: it may hold earlier events
             return 0
-        self.stalled.discard(key)
+        if self.stalled:
+            self.stalled.pop(key, None)
         failure: BrokenRingError | None = None
         full_mark = self.rings.full_mark(key)
         samples = 0
@@ -402,7 +405,7 @@ class Reader:
 
     def _retire(self, ring: Ring, *, broken: bool = True) -> None:
         self.rings.retire(ring, broken=broken)
-        self.stalled.discard(ring.key)
+        self.stalled.pop(ring.key, None)
 
     def push_failure(self, exc: BaseException) -> None:
         """Queue an exception, in order, for the consumer to raise when it gets there."""
@@ -436,11 +439,29 @@ class Reader:
         self.pending += 1
 
     def drain_all(self, *, force: bool = False) -> int:
-        """Check every ring: waking up userspace is expensive, make the most of it."""
+        """Check every ring: waking up userspace is expensive, make the most of it.
+        Each in its turn (``_in_turn``), unless ``force``: then the queue refuses none."""
         added = 0
-        for key in list(self.rings):
+        for key in list(self.rings) if force else self._in_turn():
             added += self.drain(key, force=force)
         return added
+
+    def _in_turn(self) -> list[int]:
+        """The live rings in the order a pass drains them: those the full queue refused,
+        the longest-refused first, then the others by key.
+
+        One ring's drain may fill the queue: the rings after it in the pass are refused
+        until the consumer took enough. In key order, the pass after that would begin
+        with the first ring again (filled meanwhile) and refuse the same others, every
+        time: a consumer that never yields (its takes are all that drains) read one ring
+        and the others' drops were all the queue's. Refused first, each ring gets its
+        turn whenever the queue has room."""
+        stalled = self.stalled
+        if not stalled:
+            return list(self.rings)
+        rings = self.rings
+        return [*(key for key in stalled if key in rings),
+                *(key for key in rings if key not in stalled)]
 
     def flush(self) -> int:
         """Take everything the rings hold now, below any wakeup threshold and past the bound."""
@@ -459,8 +480,9 @@ class Reader:
             return 0
         rings = self.rings
         added = 0
-        for key, ring in list(rings.items()):
-            if ring.pending_bytes() >= rings.size_of(key) >> 2:
+        for key in self._in_turn():
+            ring = rings.get(key)
+            if ring is not None and ring.pending_bytes() >= rings.size_of(key) >> 2:
                 added += self.drain(key)
         return added
 

@@ -64,6 +64,43 @@ def test_pauses_when_full_and_resumes_by_draining_every_ring() -> None:
     assert stats.samples == 13 and stats.wakeups == 2 and not stats.paused
 
 
+@pytest.mark.parametrize("cpus", [[0, 1], [0, 1, 2]])
+def test_every_ring_gets_its_turn_while_the_consumer_never_yields(cpus: list[int]) -> None:
+    # A consumer busy with its events never lets its loop run: no wakeup, no tick, only
+    # its takes drain the rings, and every ring fills between two of them. One ring's
+    # drain takes more than the queue holds (128 records, max_pending 100), so each
+    # pass fills the queue before it reaches the next ring. Before the fix every pass
+    # went in key order: CPU 0 was drained each time and the others never again (each
+    # stalled for good, its drops counted as the queue's).
+    reader, src, _ = make(cpus, max_pending=100)
+    written = dict.fromkeys(cpus, 0)
+    got = dict.fromkeys(cpus, 0)
+    late = dict.fromkeys(cpus, 0)  # what each ring delivered in the last quarter of the run
+    seq = 0
+    for round_ in range(400):
+        for cpu in cpus:  # the producers, flat out: each ring filled
+            while src.write(cpu, Q.pack(seq)):
+                written[cpu] += 1
+                seq += 1
+        for event in reader.take(16):
+            if isinstance(event, aperf.Sample):
+                got[event.cpu] += 1
+                late[event.cpu] += round_ >= 300
+    assert all(late.values()), late  # every ring is still read at the end of the run
+    total = sum(got.values())
+    assert all(n * len(cpus) >= total // 2 for n in got.values()), got  # each a fair share
+    reader.close()
+    for event in reader.take(1 << 20):
+        if isinstance(event, aperf.Sample):
+            got[event.cpu] += 1
+    stats = reader.statistics()
+    assert stats.samples == sum(got.values()) == sum(written.values())  # all that fitted
+    for cpu in cpus:
+        ring = next(c for c in stats.cpus if c.cpu == cpu)
+        assert ring.samples == got[cpu]
+        assert ring.samples + ring.lost == written[cpu] + src.dropped(cpu)  # exact
+
+
 def test_a_broken_ring_is_a_failure_in_order_and_stops_being_watched() -> None:
     reader, src, _ = make(max_pending=100)
     src.write(0, b"fine")
