@@ -77,6 +77,18 @@ async def run_until(
         await stream.aclose()
 
 
+def hand_over_the_rest(buffer: Any) -> None:
+    """A closed PerfBuffer: hand what its close took out of the rings to its callbacks
+    (``consume()`` until it raises ClosedResourceError: none left)."""
+    import aperf
+
+    while True:
+        try:
+            buffer.consume()
+        except aperf.ClosedResourceError:
+            return
+
+
 # --- CPU hotplug (tests/kernel/test_hotplug.py): never leave a CPU offline -------------
 
 CPU_SYSFS = Path("/sys/devices/system/cpu")

@@ -207,6 +207,11 @@ class Reader:
         """Handles to watch (new rings) and to forget (retired rings) since the last call."""
         return self.rings.changes()
 
+    def queued(self) -> int:
+        """Events taken out of the rings and not handed out yet (an array counts as its
+        rows), held for ordering included."""
+        return self.pending + len(self.held) + rows(self.held_arrays)
+
     def has_events(self) -> bool:
         """Whether anything waits to be taken (queued, or built in a front queue); of
         events held for ordering, only those that can go now."""
@@ -713,7 +718,7 @@ class Reader:
         return StreamStatistics(
             cpus=self.stats.cpus(self.rings, self.losses, self.builder,
                                  _never if order is None else order.late),
-            pending=self.pending + len(self.held) + rows(self.held_arrays),
+            pending=self.queued(),
             max_pending=self.max_pending,
             paused=self.paused,
             ring_bytes=self.ring_bytes,
