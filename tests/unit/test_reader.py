@@ -3,14 +3,17 @@ clock, exact losses, decode errors, dispatch and put-back, broken rings."""
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
 import pytest
 
 import aperf
+import aperf.abc
 from aperf._reading.callbacks import Handlers
 from aperf._reading.reader import Reader
+from aperf._rings.perf.fake import _FakeRing
 from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
@@ -393,3 +396,45 @@ def test_fill_builds_the_front_queue_as_take_builds_batches(policy: str, batch: 
     taken, filled = ring_events("take"), ring_events("fill")
     assert filled == taken
     assert {kind for kind, *_ in taken} >= {"Sample", "Lost"}
+
+
+# --- CPU hotplug (a HotplugSource: tests/kernel/test_hotplug.py does it on the kernel) --
+
+
+class _Hotplugged(FakeRingSource):
+    """Fake rings whose notice (an eventfd) says CPU 1 went offline and CPU 2 came online."""
+
+    def __init__(self) -> None:
+        super().__init__(cpus=[0, 1])
+        self.notice = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    @property
+    def notices(self) -> list[int]:
+        return [self.notice]
+
+    def cpus_changed(self) -> tuple[list[int], list[Any]]:
+        ring = _FakeRing(2, self.ring_bytes, self._lock, True)
+        self._rings[2] = ring
+        return [1], [ring]
+
+
+def test_a_cpu_going_offline_is_drained_then_retired_and_a_new_one_watched() -> None:
+    src = _Hotplugged()
+    assert isinstance(src, aperf.abc.HotplugSource)
+    try:
+        rings = src.open(RingConfig(None, aperf.Wakeup.per_sample()))
+        reader = Reader(src, rings, wakeup=aperf.Wakeup.per_sample(), clock=Clock())
+        assert reader.handles() == [fd(src, 0), fd(src, 1), src.notice]
+        old = fd(src, 1)
+        src.write(1, Q.pack(7))  # written before the CPU went offline: delivered
+        assert reader.on_ready(src.notice) == 1
+        assert reader.handle_changes() == ([fd(src, 2)], [old])
+        assert reader.handle_changes() == ([], [])
+        src.write(2, Q.pack(8))
+        assert reader.on_ready(fd(src, 2)) == 1
+        assert seqs(reader.take(10)) == [(1, 7), (2, 8)]
+        assert reader.keys() == [0, 1, 2] and not reader.watches(old)
+        stats = {c.cpu: (c.samples, c.broken) for c in reader.statistics().cpus}
+        assert stats == {0: (0, False), 1: (1, False), 2: (1, False)}
+    finally:
+        os.close(src.notice)
