@@ -128,6 +128,18 @@ def fake_reader(
     return Reader(src, rings, wakeup=wakeup, clock=clock, **kwargs), clock
 
 
+def hand_over_the_rest(buffer: Any) -> None:
+    """A closed PerfBuffer: hand what its close took out of the rings to its callbacks
+    (``consume()`` until it raises ClosedResourceError: none left)."""
+    import aperf
+
+    while True:
+        try:
+            buffer.consume()
+        except aperf.ClosedResourceError:
+            return
+
+
 # --- CPU hotplug (tests/kernel/test_hotplug.py): never leave a CPU offline -------------
 
 CPU_SYSFS = Path("/sys/devices/system/cpu")

@@ -721,11 +721,11 @@ class PerfStream(Subscriptable[T]):
         """
         max_rows = check_max_rows(max_rows)
         reader = self._require_open()
-        if reader._columns is None:
-            reader.columns()  # NumPy and a decoder with a layout, now
-        from .lease import AsyncLease
+        reader.columns()  # NumPy and a decoder with a layout, now
+        from .lease import AsyncLease, lease
 
-        return AsyncLease(self, reader, max_rows)
+        return AsyncLease(lease(reader.rings), partial(self._take_arrays, reader, max_rows),
+                          self._wait, lambda: self.closed)
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()

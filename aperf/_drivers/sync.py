@@ -295,7 +295,10 @@ class PerfBuffer(Subscriptable[T]):
     def poll(self, timeout_ms: int = -1) -> int:
         """Wait up to ``timeout_ms`` (negative: for ever) and handle what is ready.
 
-        Returns the number of events handled. EINTR is retried with the time
+        Returns the number of events handled: at most what was taken out of the rings
+        when it began to hand them out, as libbpf's ``perf_buffer__poll()`` handles what
+        epoll reported and returns (a producer writing flat out does not keep it from
+        returning; what comes meanwhile is for the next call). EINTR is retried with the time
         left; KeyboardInterrupt and callback exceptions propagate; a close from
         another thread meanwhile ends the wait with ClosedResourceError.
         """
@@ -352,7 +355,7 @@ class PerfBuffer(Subscriptable[T]):
             if deadline is not None and time.monotonic() >= deadline:
                 # A ring buffer's wakeup waits for the drain timer (records gather
                 # meanwhile): within the timeout, not past it.
-                if reader.gathering and reader.drain_gathered():
+                if reader.drain_gathered():
                     return take()
                 return nothing
 
@@ -368,9 +371,10 @@ class PerfBuffer(Subscriptable[T]):
         with self._lock:
             reader = self._require_open()
             reader.columns()  # NumPy and a decoder with a layout, now
-            from .lease import SyncLease
+            from .lease import SyncLease, lease
 
-            return SyncLease(self, reader, max_rows, timeout_ms)
+            return SyncLease(lease(reader.rings),
+                             partial(self._lease_batch, max_rows, timeout_ms), self._lock)
 
     def _lease_batch(self, max_rows: int | None, timeout_ms: float) -> list[Any]:
         with self._lock:
@@ -382,7 +386,8 @@ class PerfBuffer(Subscriptable[T]):
             return batch
 
     def consume(self) -> int:
-        """Handle everything every ring holds now, without waiting. Events handled.
+        """Handle everything every ring holds now, without waiting (what comes while the
+        callbacks run is for the next call). Events handled.
 
         After ``close()``: the events the close took out of the rings (see there)."""
         with self._lock:
@@ -437,15 +442,22 @@ class PerfBuffer(Subscriptable[T]):
             return snapshot(self._require_open(), order_by)
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
+        """Hand what the reader holds now to the callbacks, and no more; events handed.
+
+        Taking drains the rings that fill meanwhile (so that none overflows while the
+        callbacks run): under a producer faster than the callbacks, handing those over
+        too would never end, and poll() would never return to its caller."""
         handled = 0
+        budget = reader.queued()
         columnar = self._handlers.columnar
-        while True:
+        while handled < budget:
             if self._closing and not self._closed:
                 # A close() in another thread waits for the lock: let it in (taking
                 # also drains the rings, so a producer writing flat out would keep this
                 # loop going for ever). What the rings hold is the close's to take.
                 return handled
-            batch = reader.take_arrays() if columnar else reader.take(DEFAULT_BATCH)
+            batch = reader.take_arrays() if columnar else reader.take(
+                min(DEFAULT_BATCH, budget - handled))
             if not batch:
                 return handled
             pending = reader.dispatch(batch, self._handlers)
@@ -460,6 +472,7 @@ class PerfBuffer(Subscriptable[T]):
             # Columnar: an array counts as its samples.
             handled += sum(len(e) if e.__class__ is SampleArray else 1 for e in batch) if (
                 columnar) else len(batch)
+        return handled
 
     # --- lifecycle ----------------------------------------------------------------------
 

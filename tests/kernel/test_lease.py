@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import aperf
-from aperf._drivers.lease import _Pin
+from aperf._rings.perf.lease_ring import _Pin
 from aperf.testing import Producer
 
 from ..helpers import BPF_DIR

@@ -22,7 +22,7 @@ import pytest
 import aperf
 from aperf.testing import Producer
 
-from ..helpers import open_fds, run_until, take
+from ..helpers import hand_over_the_rest, open_fds, run_until, take
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
@@ -258,6 +258,50 @@ def test_sync_fallback_poll_consume_and_buffer(producer: Producer) -> None:
             pb.consume_buffer(4096)
     assert tally.seqs[OTHER_CPU] == list(range(n + 15))
     assert_exact(producer, tally, n + 15)
+
+
+POLL_PENDING = 1000
+RING_RECORDS = 4096 // 48  # pages=1: 85 records of a 32-byte sample
+
+
+@pytest.mark.parametrize("call", ["poll", "consume"])
+def test_sync_poll_and_consume_return_under_a_producer_that_never_stops(
+    producer: Producer, call: str,
+) -> None:
+    # libbpf's perf_buffer__poll() hands over what the rings held when epoll reported
+    # them, and returns: `while running: pb.poll(100)` looks at `running` again. Here the
+    # producer writes faster than the callbacks take (each 50 events handed over make it
+    # write 100 more: no timing). Before the fix poll() and consume() went on draining
+    # the rings while they dispatched, and returned only once the producer stopped.
+    # Now a call hands over at most what the queue held when it began to hand out
+    # (at most max_pending, plus one ring's drain and its lost notices).
+    limit = 20_000  # what the producer writes in all
+    bound = POLL_PENDING + RING_RECORDS + 2  # and a drain's lost record and exact count
+    tally = Tally()
+    state = {"emitted": RING_RECORDS, "this_call": 0, "calls": 0}
+
+    def on_event(event: Any) -> None:
+        tally.add(event)
+        state["this_call"] += 1
+        if state["this_call"] > bound:
+            raise AssertionError(f"{call}() handed over {state['this_call']} events in one "
+                                 f"call, more than the queue and the ring hold ({bound})")
+        if tally.total % 50 == 0 and state["emitted"] < limit:
+            producer.emit(100, size=32, cpu=OTHER_CPU)
+            state["emitted"] += 100
+
+    with aperf.PerfBuffer(producer.map, pages=1, cpus=[OTHER_CPU], max_pending=POLL_PENDING,
+                          on_sample=on_event, on_lost=on_event) as pb:
+        producer.emit(RING_RECORDS, size=32, cpu=OTHER_CPU)
+        while state["emitted"] < limit:
+            state["this_call"] = 0
+            handled = pb.poll(100) if call == "poll" else pb.consume()
+            assert handled == state["this_call"] <= bound
+            state["calls"] += 1
+    # Every call returned, each with a share: the producer's 20,000 took many calls.
+    assert state["calls"] > 2
+    hand_over_the_rest(pb)  # what the close took out of the ring
+    assert_exact(producer, tally, state["emitted"])
 
 
 def test_sync_statistics_after_close_are_the_final_counts(producer: Producer) -> None:

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aperf
-from aperf._reading.columnar import numpy_run_end
-from aperf._rings.perf.format import split_span
+from aperf._rings.perf.format import split_span, uniform_run_end
+from aperf._rings.perf.runs import RunFinder
 from aperf._rings.seam import payloads_of
 from aperf.testing import FakeRingSource, encode_lost, encode_sample
 
@@ -27,6 +27,11 @@ from ..helpers import take
 
 QQ = struct.Struct("<QQ")
 DECODER = aperf.decoders.from_struct("<QQ", names="seq cpu")
+
+
+def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+    """One check of the columnar run finder."""
+    return RunFinder(uniform_run_end)(span, pos, size, end)
 
 
 def write(src: FakeRingSource, cpu: int, first: int, count: int, extra: int = 0) -> int:

@@ -53,13 +53,17 @@ INSIDE = {
     # The seam (the protocols and the segment types every format hands the reader) sits
     # under the formats and sources that implement it; Windows' ring buffer reads with
     # the ring buffer format.
-    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "perf": 2, "ringbuf": 2,
+    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "multi": 1, "perf": 2, "ringbuf": 2,
                "windows": 3},
-    "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
+    "_rings.perf": {"format": 0, "runs": 0, "backward": 0, "hotplug": 0, "source": 1,
+                    "fake": 2, "lease_ring": 2},
     "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
     "_rings.windows": {"base": 0, "perf": 1, "ringbuf": 2},
-    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
-                 "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
+    # The reader's rooms below it: the ring set, the drain clock, the loss ledger, the
+    # builder and callbacks; statistics, gathered wakeups and ordering on those.
+    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "rings": 0,
+                 "order": 1, "stats": 1, "gather": 1, "columnar": 2, "multi": 2,
+                 "ordering": 2, "lease": 1, "reader": 3, "snapshot": 4},
     "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
                  "stream": 2, "sync": 3},
     "_tools": {"nats_options": 0, "doctor": 0, "trace": 1, "record": 2},
@@ -72,7 +76,7 @@ INSIDE = {
 # doctor creates a tiny map of each type to probe the kernel. eBPF
 # for Windows' binding serves its sources and waits only. libc's pieces each serve one
 # user: the asyncio binding's timer, the perf source's RCU grace period, and the second
-# mapping of perf rings, leases.
+# mapping of perf rings, the leased ring.
 NATIVE_USERS = {
     "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
                        "__init__", "_tools.doctor"},
@@ -80,7 +84,7 @@ NATIVE_USERS = {
                         "_rings.windows.perf", "_rings.windows.ringbuf"},
     "_native.libc.timerfd": {"_waiting.asyncio"},
     "_native.libc.functions": {"_rings.perf.source"},
-    "_native.libc.shared_ring": {"_drivers.lease"},
+    "_native.libc.shared_ring": {"_rings.perf.lease_ring"},
 }
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
@@ -276,6 +280,15 @@ def test_map_backed_sources_do_not_import_one_another() -> None:
 def test_the_btf_room_knows_no_bpf_object() -> None:
     source = (PACKAGE / "_bpf" / "btf.py").read_text()
     assert "_bpf.object" not in imports()["_bpf.btf"] and "TYPE_CHECKING" not in source
+
+
+def test_the_reading_floor_knows_no_particular_source() -> None:
+    # The reader and its rooms talk to sources through the seam only: what a source can
+    # do is a protocol there (isinstance), never a class of one of them.
+    known = sorted(f"{module} imports {dep}" for module, deps in imports().items()
+                   if _inside(module, "_reading") for dep in deps
+                   if _inside(dep, "_rings") and dep != "_rings.seam")
+    assert known == []
 
 
 def test_the_reader_reaches_no_binding() -> None:

@@ -14,9 +14,10 @@ import pytest
 
 import aperf
 from aperf._events import tagged
-from aperf._reading.multi import STRIDE, offset_of
 from aperf._rings.perf.fake import _FakeRing
+from aperf._rings.seam import MAP_KEY_STRIDE as STRIDE
 from aperf._rings.seam import SourceEnded
+from aperf._rings.seam import map_key_offset as offset_of
 from aperf.testing import FakeRingSource
 
 REC = struct.Struct("<QQ")

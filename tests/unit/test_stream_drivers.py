@@ -21,6 +21,8 @@ import pytest
 import aperf
 from aperf.testing import FakeRingSource
 
+from ..helpers import hand_over_the_rest
+
 Q = struct.Struct("<Q")
 QQ = struct.Struct("<QQ")
 
@@ -89,6 +91,40 @@ def test_the_sync_buffer_on_the_same_source() -> None:
     # the fake can be opened again by another reader
     with aperf.PerfBuffer(src, on_sample=got.append) as pb:
         assert src.write(0, b"again") and pb.poll(1000) == 1
+
+
+@pytest.mark.parametrize("call", ["poll", "consume"])
+def test_poll_and_consume_return_under_a_producer_faster_than_the_callbacks(call: str) -> None:
+    # Each sample handed over writes two more (no timing): before the fix poll() and
+    # consume() went on draining the rings as they dispatched and never returned. A call
+    # hands over at most what was taken out of the rings when it began (at most
+    # max_pending, plus one ring's drain and its lost notices), as libbpf's poll does.
+    src = FakeRingSource(cpus=[0], ring_bytes=4096)  # 170 records of an 8-byte sample
+    bound = 100 + 4096 // 24 + 2  # and a drain's two lost notices (a record, an exact count)
+    state = {"this_call": 0, "written": 0, "calls": 0}
+    got: list[Any] = []
+
+    def on_event(event: Any) -> None:
+        got.append(event)
+        state["this_call"] += 1
+        assert state["this_call"] <= bound, f"{call}() handed over more than {bound}"
+        if state["written"] < 5000:
+            for _ in range(2):
+                src.write(0, struct.pack("<Q", state["written"]))
+                state["written"] += 1
+
+    with aperf.PerfBuffer(src, max_pending=100, on_sample=on_event, on_lost=on_event) as pb:
+        src.write(0, struct.pack("<Q", 0))
+        state["written"] = 1
+        while state["written"] < 5000:
+            state["this_call"] = 0
+            assert (pb.poll(1000) if call == "poll" else pb.consume()) == state["this_call"]
+            state["calls"] += 1
+    assert state["calls"] > 2
+    hand_over_the_rest(pb)  # what the close took out of the ring
+    samples = sum(1 for e in got if isinstance(e, aperf.Sample))
+    lost = sum(e.count for e in got if isinstance(e, aperf.Lost))
+    assert samples + lost == state["written"] and lost == src.dropped(0)
 
 
 # --- the drain timer ---------------------------------------------------------------------
