@@ -193,8 +193,8 @@ def test_a_cpu_offline_at_open_gets_a_ring_and_its_lock_slot_when_it_comes_onlin
         # Slot 1 is this process's now: another process sees it locked by us.
         map_id = lb.object_id(producer.map.fd)[1]
         script = (
-            "import sys; from aperf._rings.map_lock import MapLock; "
-            "m = MapLock(int(sys.argv[1]), 'probe', [1]); m._open(); "
+            "import sys; from aperf._rings.map_lock import LockDir, MapLock; "
+            "m = MapLock(int(sys.argv[1]), 'probe', [1]); m._dir = LockDir(); m._open(); "
             "print([pid for pid, _ in m.holders()]); m.release()"
         )
         seen = subprocess.run([sys.executable, "-c", script, str(map_id)], check=True,
