@@ -145,3 +145,46 @@ async def test_close_ends_every_stream_after_what_is_left() -> None:
     publish(hub, 1)  # after close: not published, but counted
     assert hub.published == 2 and not hub.cursors
     assert hub.unpublished == 1
+
+
+async def with_history(hub: Hub, history: int, last_event_id: str | None = None
+                       ) -> AsyncIterator[bytes]:
+    chunks = hub.subscribe(last_event_id, "test", history).chunks()
+    greeting = await anext(chunks)
+    assert greeting == b": connected\nretry: 2000\n\n"
+    return chunks
+
+
+@pytest.mark.asyncio
+async def test_history_then_ready_exactly_where_the_client_came() -> None:
+    hub = Hub(8, run=RUN)
+    publish(hub, 5)
+    chunks = await with_history(hub, 3)
+    publish(hub, 2)  # after it came, before it read: after `ready`
+    *history, ready = await take(chunks, 4)
+    assert seqs(history) == [3, 4, 5]
+    assert (ready.event, ready.id, ready.json()) == ("ready", None, {"clients": 1})
+    assert seqs(await take(chunks, 2)) == [6, 7]
+    assert hub.replayed == 0  # nothing sent again to a reconnecting client
+
+    # More than the window holds: the window. None: `ready` at once.
+    publish(hub, 20)
+    *history, ready = await take(await with_history(hub, 100), 9)
+    assert seqs(history) == list(range(20, 28)) and ready.event == "ready"
+    (ready,) = await take(await with_history(hub, 0), 1)
+    assert ready.json() == {"clients": 3}  # the three clients, this one among them
+
+
+@pytest.mark.asyncio
+async def test_history_longer_than_a_write_and_a_reconnect_with_it() -> None:
+    hub = Hub(1024, run=RUN)
+    publish(hub, 600)
+    chunks = await with_history(hub, 500)
+    *history, ready = await take(chunks, 501)
+    assert seqs(history) == list(range(101, 601)) and ready.event == "ready"
+    # The browser reconnects with the same URL and its Last-Event-ID: what it missed, then
+    # `ready` again.
+    publish(hub, 3)
+    *missed, ready = await take(await with_history(hub, 500, f"{RUN}-600"), 4)
+    assert seqs(missed) == [601, 602, 603] and ready.json() == {"clients": 2}
+    assert hub.replayed == 3
