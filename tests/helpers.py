@@ -61,6 +61,15 @@ async def take(stream: Any, count: int) -> AsyncIterator[Any]:
             return
 
 
+async def until(condition: Callable[[], object], timeout: float = 20) -> None:
+    """Wait until ``condition()`` is true: a state the test can observe (a statistics
+    counter, a flag), looked at every few milliseconds. ``timeout`` only bounds a hang:
+    reaching it fails the test (TimeoutError)."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.005)
+
+
 async def run_until(
     stream: Any, run: Callable[[], Awaitable[None]], done: anyio.Event,
     start: Callable[[], threading.Thread], timeout: float = 20,

@@ -22,7 +22,7 @@ import pytest
 import aperf
 from aperf.testing import Producer
 
-from ..helpers import open_fds, run_until, take
+from ..helpers import open_fds, run_until, take, until
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
@@ -391,8 +391,8 @@ async def test_close_while_paused_hands_over_everything_then_ends(producer: Prod
     stream.flush()
     assert stream.statistics().paused is False  # flush ignores the bound once
     producer.emit(10, cpu=OTHER_CPU)
-    await anyio.sleep(0.05)  # the timer finds the queue full: paused, data left in the ring
-    assert stream.statistics().paused
+    # Its wakeup, or the timer, finds the queue full: paused, data left in the ring.
+    await until(lambda: stream.statistics().paused)
     await stream.aclose()  # takes what the ring holds, frees the rings
     seqs = [seq_of(e.data) async for e in stream]
     assert seqs == list(range(1010))
@@ -418,7 +418,8 @@ async def test_backpressure_is_not_mistaken_for_idleness(producer: Producer) -> 
         producer.map, pages=64, wakeup=wakeup, max_pending=10
     ) as stream:
         producer.emit(100, cpu=OTHER_CPU)
-        await anyio.sleep(0.15)  # nobody reads: paused, the timer finds nothing it may take
+        await until(lambda: stream.statistics().paused)  # nobody reads: the bound is reached
+        await anyio.sleep(0.15)  # past idle_after: the timer finds nothing it may take
         stats = stream.statistics()
         assert stats.paused and stats.drain_period == 0.002
         assert [seq_of(e.data) async for e in take(stream, 100)] == list(range(100))

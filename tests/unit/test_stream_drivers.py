@@ -21,6 +21,8 @@ import pytest
 import aperf
 from aperf.testing import FakeRingSource
 
+from ..helpers import until
+
 Q = struct.Struct("<Q")
 QQ = struct.Struct("<QQ")
 
@@ -157,9 +159,10 @@ async def test_backpressure_pauses_and_resumes_without_loss() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 16)
     async with aperf.PerfStream(src, max_pending=50) as stream:
         write(src, 0, 0, 100)
-        await anyio.sleep(0.01)  # the readiness callback takes the ring: over the bound
+        # The readiness callback takes the ring: over the bound.
+        await until(lambda: stream.statistics().cpus[0].samples == 100)
         write(src, 1, 100, 30)
-        await anyio.sleep(0.01)
+        await until(lambda: stream.statistics().paused)  # CPU 1's ring is refused
         stats = stream.statistics()
         assert stats.paused and src.pending_bytes(1) > 0  # CPU 1's data waits in its ring
         events = await collect(stream, 130)
@@ -173,7 +176,8 @@ async def test_backpressure_is_not_mistaken_for_idleness() -> None:
     wakeup = watermark(max_latency=0.001, idle_latency=60, idle_after=0.01)
     async with aperf.PerfStream(src, wakeup=wakeup, max_pending=10) as stream:
         write(src, 0, 0, 100)
-        await anyio.sleep(0.05)  # nobody reads: paused, the timer parked
+        await until(lambda: stream.statistics().paused)  # nobody reads: the bound is reached
+        await anyio.sleep(0.05)  # past idle_after: the timer finds nothing it may take
         stats = stream.statistics()
         assert stats.paused and stats.drain_period == 0.001
         assert [seq(e) for e in await collect(stream, 100)] == list(range(100))
@@ -187,8 +191,7 @@ async def test_close_while_paused_hands_over_everything_then_ends() -> None:
     write(src, 0, 0, 1000)
     stream.flush()  # past the bound once
     write(src, 0, 1000, 10)
-    await anyio.sleep(0.01)
-    assert stream.statistics().paused
+    await until(lambda: stream.statistics().paused)  # its wakeup or the timer: queue full
     await stream.aclose()
     assert [seq(e) async for e in stream] == list(range(1010))
 
