@@ -478,7 +478,7 @@ async def test_two_consumers_get_a_busy_error(producer: Producer) -> None:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consume)
-                await anyio.sleep(0.05)
+                await anyio.wait_all_tasks_blocked()  # it reads: parked, waiting for events
                 with pytest.raises(aperf.BusyResourceError, match="already reading") as caught:
                     await consume()
                 assert isinstance(caught.value, anyio.BusyResourceError)

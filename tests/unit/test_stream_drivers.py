@@ -368,7 +368,7 @@ async def test_a_second_reader_is_refused() -> None:
         with anyio.fail_after(1):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_drain, stream)
-                await anyio.sleep(0.01)
+                await anyio.wait_all_tasks_blocked()  # it reads: parked, waiting for events
                 with pytest.raises(aperf.BusyResourceError, match="already reading"):
                     await _drain(stream)
                 with pytest.raises(aperf.BusyResourceError):
