@@ -70,6 +70,20 @@ async def until(condition: Callable[[], object], timeout: float = 20) -> None:
             await anyio.sleep(0.005)
 
 
+async def past_the_first_look(stream: Any, *sources: Any) -> None:
+    """Wait until an open stream of these fake ring sources has looked at each of their
+    rings, as it does once its loop armed the ring's handle (the loop gets to that when
+    it gets to it; the look takes what the ring holds). For a stream that no wakeup and
+    no tick reads in the meantime: a sample written into each ring is then found by
+    that look alone, and once they are all taken, every look is over."""
+    rings = [(source, cpu) for source in sources for cpu in source.cpus]
+    for source, cpu in rings:
+        assert source.write(cpu, b"look")
+    with anyio.fail_after(10):
+        looked = [event async for event in take(stream, len(rings))]
+    assert [event.data[:4] for event in looked] == [b"look"] * len(rings)
+
+
 async def run_until(
     stream: Any, run: Callable[[], Awaitable[None]], done: anyio.Event,
     start: Callable[[], threading.Thread], timeout: float = 20,
