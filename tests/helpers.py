@@ -70,6 +70,21 @@ async def until(condition: Callable[[], object], timeout: float = 20) -> None:
             await anyio.sleep(0.005)
 
 
+def check_busy(
+    statistics: Callable[[], Any], since: float, clock: Callable[[], float], wakeup: Any
+) -> None:
+    """The drain period is ``wakeup.max_latency`` while samples flow (after open, or after
+    a drain found samples): checked when ``statistics()`` comes less than ``idle_after``
+    after ``since``, a ``clock()`` time (the reader's clock: the loop's, or
+    ``time.monotonic`` for PerfBuffer) taken before that open or before the samples
+    were written. A loaded machine can get there later, and the reader is then rightly
+    idle: nothing is checked. The drain clock's rules are test_reader.py's, with a fake
+    clock; this checks that a driver's reader follows them."""
+    period = statistics().drain_period
+    if clock() - since < wakeup.idle_after:
+        assert period == wakeup.max_latency
+
+
 async def past_the_first_look(stream: Any, *sources: Any) -> None:
     """Wait until an open stream of these fake ring sources has looked at each of their
     rings, as it does once its loop armed the ring's handle (the loop gets to that when

@@ -22,7 +22,7 @@ import pytest
 import aperf
 from aperf.testing import Producer
 
-from ..helpers import open_fds, run_until, take, until
+from ..helpers import check_busy, open_fds, run_until, take, until
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
@@ -280,14 +280,16 @@ def test_sync_statistics_after_close_are_the_final_counts(producer: Producer) ->
 
 def test_sync_poll_relaxes_when_idle(producer: Producer) -> None:
     got: list[aperf.Sample] = []
-    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2, idle_after=0.1)
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.02, idle_after=0.1)
+    opened = time.monotonic()
     with aperf.PerfBuffer(producer.map, pages=64, wakeup=wakeup, on_sample=got.append) as pb:
-        assert pb.statistics().drain_period == 0.002
-        assert pb.poll(timeout_ms=150) == 0
-        assert pb.statistics().drain_period == 0.2
+        check_busy(pb.statistics, opened, time.monotonic, wakeup)
+        assert pb.poll(timeout_ms=150) == 0  # 150 ms and more: past idle_after
+        assert pb.statistics().drain_period == 0.02
+        emitted = time.monotonic()
         producer.emit(1, cpu=OTHER_CPU)  # below the watermark: found by looking, not woken
-        assert pb.poll(timeout_ms=2000) == 1
-        assert pb.statistics().drain_period == 0.002
+        assert pb.poll(timeout_ms=10_000) == 1
+        check_busy(pb.statistics, emitted, time.monotonic, wakeup)
     assert [seq_of(s.data) for s in got] == [0]
 
 
@@ -399,15 +401,18 @@ async def test_close_while_paused_hands_over_everything_then_ends(producer: Prod
 
 
 async def test_drain_timer_relaxes_when_idle_and_tightens_on_traffic(producer: Producer) -> None:
-    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2, idle_after=0.1)
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.02, idle_after=0.1)
+    opened = anyio.current_time()
     async with aperf.PerfStream(producer.map, pages=64, wakeup=wakeup) as stream:
-        assert stream.statistics().drain_period == 0.002
-        await anyio.sleep(0.15)  # nothing produced: past idle_after
-        assert stream.statistics().drain_period == 0.2
+        check_busy(stream.statistics, opened, anyio.current_time, wakeup)
+        # Nothing produced: idle once idle_after passed.
+        await until(lambda: stream.statistics().drain_period == 0.02)
+        emitted = anyio.current_time()
         producer.emit(1, cpu=OTHER_CPU)  # below the watermark: only the timer finds it
-        (event,) = [e async for e in take(stream, 1)]
+        with anyio.fail_after(10):
+            (event,) = [e async for e in take(stream, 1)]
         assert seq_of(event.data) == 0
-        assert stream.statistics().drain_period == 0.002
+        check_busy(stream.statistics, emitted, anyio.current_time, wakeup)
     async with aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream:
         assert stream.statistics().drain_period is None  # per-sample wakeups need no timer
 

@@ -21,7 +21,7 @@ import pytest
 import aperf
 from aperf.testing import FakeRingSource
 
-from ..helpers import until
+from ..helpers import check_busy, until
 
 Q = struct.Struct("<Q")
 QQ = struct.Struct("<QQ")
@@ -103,15 +103,16 @@ def watermark(**kwargs: float) -> aperf.Wakeup:
 @pytest.mark.anyio
 async def test_drain_timer_finds_samples_below_the_threshold_and_adapts() -> None:
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
-    wakeup = watermark(max_latency=0.001, idle_latency=0.05, idle_after=0.03)
+    wakeup = watermark(max_latency=0.001, idle_latency=0.02, idle_after=0.1)
+    opened = anyio.current_time()
     async with aperf.PerfStream(src, wakeup=wakeup) as stream:
-        assert stream.statistics().drain_period == 0.001
-        await anyio.sleep(0.06)  # nothing written: idle
-        assert stream.statistics().drain_period == 0.05
+        check_busy(stream.statistics, opened, anyio.current_time, wakeup)
+        await until(lambda: stream.statistics().drain_period == 0.02)  # nothing written: idle
+        wrote = anyio.current_time()
         write(src, 0, 0, 3)  # no wakeup (watermark), only the idle tick finds them
-        events = await collect(stream, 3, timeout=1)
+        events = await collect(stream, 3, timeout=10)
         assert [seq(e) for e in events] == [0, 1, 2]
-        assert stream.statistics().drain_period == 0.001  # busy again
+        check_busy(stream.statistics, wrote, anyio.current_time, wakeup)  # busy again
         assert stream.statistics().wakeups == 0
 
 
@@ -120,12 +121,13 @@ async def test_a_wakeup_during_idleness_brings_the_timer_back_at_once() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 21)
     wakeup = aperf.Wakeup.every(2, max_latency=0.001, idle_latency=60, idle_after=0.01)
     async with aperf.PerfStream(src, wakeup=wakeup) as stream:
-        await anyio.sleep(0.05)
-        assert stream.statistics().drain_period == 60
-        write(src, 0, 0, 2)  # wakes the reader: traffic
-        await collect(stream, 2)
-        write(src, 1, 2, 1)  # below the threshold: the timer, at max_latency now, finds it
-        assert [seq(e) for e in await collect(stream, 1, timeout=1)] == [2]
+        await until(lambda: stream.statistics().drain_period == 60)  # nothing written: idle
+        write(src, 1, 2, 1)  # below the threshold: waits for the timer, a minute away
+        write(src, 0, 0, 2)  # wakes the reader: traffic, the timer at max_latency at once
+        # (CPU 1's sample went in first: finding it needs no step of the test's after the
+        # wakeup, which a loaded machine could bring later than idle_after.)
+        events = await collect(stream, 3, timeout=10)
+        assert sorted(seq(e) for e in events) == [0, 1, 2]
 
 
 @pytest.mark.anyio
@@ -140,14 +142,16 @@ async def test_flush_hands_over_what_sits_below_the_threshold() -> None:
 def test_sync_poll_relaxes_when_idle() -> None:
     got: list[Any] = []
     src = FakeRingSource(cpus=[0], ring_bytes=1 << 21)
-    wakeup = watermark(max_latency=0.001, idle_latency=0.05, idle_after=0.02)
+    wakeup = watermark(max_latency=0.001, idle_latency=0.02, idle_after=0.1)
+    opened = time.monotonic()
     with aperf.PerfBuffer(src, wakeup=wakeup, on_sample=got.append) as pb:
-        assert pb.statistics().drain_period == 0.001
-        assert pb.poll(40) == 0
-        assert pb.statistics().drain_period == 0.05
+        check_busy(pb.statistics, opened, time.monotonic, wakeup)
+        assert pb.poll(150) == 0  # 150 ms and more: past idle_after
+        assert pb.statistics().drain_period == 0.02
+        wrote = time.monotonic()
         write(src, 0, 0, 1)  # below the watermark: found by looking, not woken
-        assert pb.poll(1000) == 1
-        assert pb.statistics().drain_period == 0.001
+        assert pb.poll(10_000) == 1
+        check_busy(pb.statistics, wrote, time.monotonic, wakeup)
     assert [seq(e) for e in got] == [0]
 
 
