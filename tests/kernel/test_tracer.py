@@ -585,18 +585,23 @@ def test_sigterm_stops_it_while_stdout_pipe_is_full(tracefs: None, command: str)
             time.sleep(0.05)
         burst = subprocess.run([sh, "-c", f"for i in $(seq 1000); do {true}; done"], check=False)
         assert burst.returncode == 0
-        waiting = pipe_bytes(read_end)
-        assert waiting > capacity - 200, f"the pipe holds only {waiting} of {capacity} bytes"
+        # The tracer prints the burst's events at its own pace (later than the burst, on
+        # a loaded machine): wait until they fill the pipe, which then blocks its writes.
+        while (waiting := pipe_bytes(read_end)) <= capacity - 200:
+            assert proc.poll() is None, "the tracer ended early"
+            assert time.monotonic() < deadline + TIMEOUT, (
+                f"the pipe holds only {waiting} of {capacity} bytes")
+            time.sleep(0.05)
         assert proc.poll() is None, "the tracer ended early"
 
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
-            rc = proc.wait(timeout=3)
+            rc = proc.wait(timeout=TIMEOUT)  # a hang guard: blocked on stdout, it never ends
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            pytest.fail("still running 3 s after SIGTERM, its stdout pipe full")
+            pytest.fail(f"still running {TIMEOUT} s after SIGTERM, its stdout pipe full")
         elapsed = time.monotonic() - start
         assert proc.stderr is not None
         stderr = proc.stderr.read()
