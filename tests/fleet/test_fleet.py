@@ -512,9 +512,10 @@ async def test_server_killed_and_restarted_mid_stream(
 
         nats_server.kill()  # mid-stream: messages in flight, the producer going on
         await until(lambda: not sink.statistics().connected, "the sink to notice")
-        # The outage: the sink holds its window and no more; aperf's queue is full;
-        # the kernel drops what the ring cannot take.
-        await asyncio.sleep(0.3)
+        # The outage: the sink holds its window and no more; aperf's queue fills; the
+        # kernel drops what the ring cannot take (the producer goes on: it gets there).
+        await until(lambda: stream.statistics().paused and producer.counters().failed > 0,
+                    "a full queue and the kernel's drops")
         s, q = sink.statistics(), stream.statistics()
         assert s.in_flight <= window
         assert s.in_flight_bytes <= window * (1 << 20)
