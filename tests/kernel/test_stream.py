@@ -620,6 +620,9 @@ def test_statistics_report_memory(producer: Producer) -> None:
         assert len(stats.cpus) == len(CPUS)
 
 
+STUCK_AFTER = 10.0  # seconds a pair of samples may take to arrive before it counts as stuck
+
+
 async def test_no_wakeup_is_lost_while_the_rings_are_read(producer: Producer) -> None:
     # Per-sample wakeups and no drain timer: only wakeups find samples. The second
     # sample of each pair lands at a random moment of the first one's handling; on
@@ -637,22 +640,32 @@ async def test_no_wakeup_is_lost_while_the_rings_are_read(producer: Producer) ->
             while time.perf_counter() < until:
                 pass
             producer.emit(1, cpu=OTHER_CPU)
-            if not caught_up.acquire(timeout=3):
+            # Without its wakeup a sample waits for ever (no timer): any bound tells; a
+            # generous one, so that a loaded machine's late consumer is not taken for it.
+            if not caught_up.acquire(timeout=STUCK_AFTER):
                 stuck.append(index)
                 return
 
     got = 0
-    async with aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream:
-        thread = threading.Thread(target=produce)
-        thread.start()
-        try:
-            with anyio.move_on_after(20):
-                async for _ in stream:
-                    got += 1
-                    if got % 2 == 0:
-                        caught_up.release()
-                    if got == 2 * rounds:
-                        break
-        finally:
-            await join(thread)
-    assert not stuck and got == 2 * rounds, f"a sample waited 3 s for a wakeup in round {stuck}"
+
+    async def consume() -> None:
+        nonlocal got
+        async for _ in stream:
+            got += 1
+            if got % 2 == 0:
+                caught_up.release()
+            if got == 2 * rounds:
+                return
+
+    # However long the rounds take: the producer returns after the last one, or at the
+    # first stuck one, which ends the consumer.
+    async with (
+        aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(consume)
+        await anyio.to_thread.run_sync(produce)
+        if stuck:
+            tg.cancel_scope.cancel()
+    assert not stuck and got == 2 * rounds, (
+        f"a sample waited {STUCK_AFTER} s for a wakeup in round {stuck}")
