@@ -16,8 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from .helpers import CPU_SYSFS, LOOPS, bring_cpus_online, require_kernel
+
+# Property tests are never timed: Hypothesis's default deadline (200 ms an example) and
+# its too_slow health check fail an example that a loaded machine merely ran late.
+settings.register_profile("aperf", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("aperf")
 
 
 @pytest.fixture(params=LOOPS)

@@ -78,6 +78,44 @@ async def take(stream: Any, count: int) -> AsyncIterator[Any]:
             return
 
 
+async def until(condition: Callable[[], object], timeout: float = 20) -> None:
+    """Wait until ``condition()`` is true: a state the test can observe (a statistics
+    counter, a flag), looked at every few milliseconds. ``timeout`` only bounds a hang:
+    reaching it fails the test (TimeoutError)."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.005)
+
+
+def check_busy(
+    statistics: Callable[[], Any], since: float, clock: Callable[[], float], wakeup: Any
+) -> None:
+    """The drain period is ``wakeup.max_latency`` while samples flow (after open, or after
+    a drain found samples): checked when ``statistics()`` comes less than ``idle_after``
+    after ``since``, a ``clock()`` time (the reader's clock: the loop's, or
+    ``time.monotonic`` for PerfBuffer) taken before that open or before the samples
+    were written. A loaded machine can get there later, and the reader is then rightly
+    idle: nothing is checked. The drain clock's rules are test_reader.py's, with a fake
+    clock; this checks that a driver's reader follows them."""
+    period = statistics().drain_period
+    if clock() - since < wakeup.idle_after:
+        assert period == wakeup.max_latency
+
+
+async def past_the_first_look(stream: Any, *sources: Any) -> None:
+    """Wait until an open stream of these fake ring sources has looked at each of their
+    rings, as it does once its loop armed the ring's handle (the loop gets to that when
+    it gets to it; the look takes what the ring holds). For a stream that no wakeup and
+    no tick reads in the meantime: a sample written into each ring is then found by
+    that look alone, and once they are all taken, every look is over."""
+    rings = [(source, cpu) for source in sources for cpu in source.cpus]
+    for source, cpu in rings:
+        assert source.write(cpu, b"look")
+    with anyio.fail_after(10):
+        looked = [event async for event in take(stream, len(rings))]
+    assert [event.data[:4] for event in looked] == [b"look"] * len(rings)
+
+
 async def run_until(
     stream: Any, run: Callable[[], Awaitable[None]], done: anyio.Event,
     start: Callable[[], threading.Thread], timeout: float = 20,

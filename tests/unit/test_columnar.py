@@ -23,7 +23,7 @@ from aperf._rings.perf.runs import RunFinder
 from aperf._rings.seam import payloads_of
 from aperf.testing import FakeRingSource, encode_lost, encode_sample
 
-from ..helpers import take
+from ..helpers import take, until
 
 QQ = struct.Struct("<QQ")
 DECODER = aperf.decoders.from_struct("<QQ", names="seq cpu")
@@ -177,7 +177,8 @@ async def test_backpressure_counts_rows_and_loses_nothing_that_fitted() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
     async with aperf.PerfStream(src, decoder=DECODER, max_pending=100) as stream:
         written = [write(src, cpu, 0, 128) for cpu in (0, 1)]
-        await anyio.sleep(0.05)  # the readiness callbacks: one ring fills the queue
+        # The readiness callbacks: one ring fills the queue, the other is refused.
+        await until(lambda: stream.statistics().paused)
         stats = stream.statistics()
         assert stats.paused and stats.pending == 128
         assert sorted(src.pending_bytes(cpu) for cpu in (0, 1)) == [0, 128 * 32]

@@ -20,6 +20,8 @@ from aperf._rings.seam import SourceEnded
 from aperf._rings.seam import map_key_offset as offset_of
 from aperf.testing import FakeRingSource
 
+from ..helpers import past_the_first_look
+
 REC = struct.Struct("<QQ")
 
 pytestmark = pytest.mark.anyio
@@ -297,7 +299,7 @@ async def test_a_map_taken_over_ends_the_stream_after_the_others_are_drained() -
     try:
         wakeup = aperf.Wakeup.every(1000, max_latency=60)  # nothing read before the notice
         async with aperf.PerfStream({"a": a, "t": taken}, wakeup=wakeup) as stream:
-            await anyio.sleep(0.05)
+            await past_the_first_look(stream, a, taken)
             for i in range(10):
                 assert a.write(i % 2, i.to_bytes(4, "little"))
                 assert taken.write(i % 2, i.to_bytes(4, "little"))
