@@ -5,8 +5,8 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 
 - ``_errors``, ``_privileges``, ``_events``, ``_options``, ``_log``, ``_naming``: the
   vocabulary (errors and why the kernel refused, events, settings)
-- ``_native/``: the only ctypes (libbpf, eBPF for Windows' ebpfapi.dll, a second
-  mapping of perf rings)
+- ``_native/``: the only ctypes (libbpf, eBPF for Windows' ebpfapi.dll, libc: a timer
+  on an fd, a second mapping of perf rings)
 - ``_waiting/``: how a driver waits (asyncio, uvloop, trio, epoll, Windows handles)
 - ``_decoding/``: C layouts, decoders and their inverse, sans I/O
 - ``_bpf/``: BPF objects, and everything read from BTF
@@ -23,7 +23,9 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 from . import abc as abc
 from . import decoders as decoders
 from ._arrow.builder import ArrowBuilder as ArrowBuilder
+from ._bpf.header import include_dir as include_dir
 from ._bpf.object import BPFObject as BPFObject
+from ._bpf.object import BufferChoice as BufferChoice
 from ._bpf.object import Link as Link
 from ._bpf.object import Map as Map
 from ._bpf.object import Program as Program
@@ -76,6 +78,7 @@ from ._recording.replay import ReplaySource as ReplaySource
 from ._recording.replay import replay as replay
 from ._recording.writer import Recorder as Recorder
 from ._recording.writer import RecorderStatistics as RecorderStatistics
+from ._rings.ringbuf.array import RingBufferArraySource as RingBufferArraySource
 from ._rings.ringbuf.format import NO_CPU as NO_CPU
 from ._rings.ringbuf.source import RingBufferSource as RingBufferSource
 
@@ -91,6 +94,7 @@ __all__ = [
     "BPFObject",
     "BadSample",
     "BrokenRingError",
+    "BufferChoice",
     "BusyResourceError",
     "ClosedResourceError",
     "CpuStatistics",
@@ -119,6 +123,7 @@ __all__ = [
     "RecordingError",
     "RecordingFormatError",
     "ReplaySource",
+    "RingBufferArraySource",
     "RingBufferSource",
     "RingFullError",
     "RingSizeError",
@@ -136,6 +141,7 @@ __all__ = [
     "abc",
     "closing_on_signals",
     "decoders",
+    "include_dir",
     "libbpf_version",
     "replay",
     "set_libbpf_verbose",

@@ -1,5 +1,7 @@
 """``python -m aperf COMMAND ...``: aperf's tools: ``trace`` (also ``aperf-trace``) and
-``record`` (any map of any BPF object, to Parquet files)."""
+``record`` (any map of any BPF object, to Parquet files), ``doctor`` (what this machine
+has of what aperf needs); and ``python -m aperf --include-dir``, the directory of aperf's
+BPF header for ``clang -I``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,11 @@ USAGE = """usage: python -m aperf COMMAND [ARGS...]
 commands:
   trace    trace process exec and exit events (the same as aperf-trace)
   record   record a map of a BPF object to Parquet files (docs/recording.md)
+  doctor   check what this machine and process have of what aperf needs (--json)
+
+options:
+  --include-dir  print the directory of aperf's BPF header, for clang -I
+                 (#include <aperf/buffer.bpf.h>)
 
 python -m aperf COMMAND --help shows a command's options."""
 
@@ -21,10 +28,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._tools.trace.cli import main as trace
 
         return trace(args[1:], command="python -m aperf trace")
+    if args and args[0] == "doctor":
+        from ._tools.doctor import main as doctor
+
+        return doctor(args[1:])
     if args and args[0] == "record":
         from ._tools.record import main as record
 
         return record(args[1:])
+    if args == ["--include-dir"]:
+        from ._bpf.header import include_dir
+
+        print(include_dir())
+        return 0
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0

@@ -112,21 +112,30 @@ class ObjectFileError(ObjectError, LibbpfError):
 
 
 class UnknownNameError(ObjectError, KeyError):
-    """No map, program or global of that name exists; the message suggests the close
-    matches first ("did you mean 'open_event'?"), then lists every name that exists,
-    then any advice (for a struct: how one gets into the object's BTF).
+    """No map, program, global or struct of that name exists. With a close match the
+    message says it and stops ("no map named 'evnets'; did you mean 'events'?"); without
+    one it lists the names that exist (the first ``SHOWN``, sorted, and how many more:
+    an object's BTF can hold hundreds of kernel structs), then any advice (for a struct:
+    how one gets into the object's BTF).
 
     A ``KeyError`` (hence a ``LookupError``), so that ``obj.maps`` and
     ``obj.programs`` follow the Mapping protocol: ``in`` and ``.get()`` see a miss.
-    ``suggestions`` holds the close matches, best first.
+    ``suggestions`` holds the close matches, best first; ``known`` every name.
     """
+
+    SHOWN = 20
 
     def __init__(self, kind: str, name: str, known: list[str], hint: str = "") -> None:
         self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         message = f"no {kind} named {name!r}; "
         if self.suggestions:
-            message += f"did you mean {' or '.join(map(repr, self.suggestions))}? "
-        message += f"known: {', '.join(sorted(known)) or 'none'}"
+            message += f"did you mean {' or '.join(map(repr, self.suggestions))}?"
+            hint = ""  # the likely fix is said: the rest would bury it
+        else:
+            names = sorted(known)
+            more = len(names) - self.SHOWN
+            message += f"known: {', '.join(names[:self.SHOWN]) or 'none'}"
+            message += f" and {more} more" if more > 0 else ""
         super().__init__(f"{message}. {hint}" if hint else message)
         self.kind = kind
         self.name = name

@@ -289,7 +289,7 @@ class SampleArray:
     same names as its records: ``values["pid"]``); it is read-only and, for a
     run of equal-sized records, a view of the bytes aperf copied out of the
     ring (a lease's arrays view the ring's memory itself, while it is held: docs/columnar.md,
-    "Leases"): ``values.copy()`` makes a compact, writable
+    "Leases: arrays in the ring itself"): ``values.copy()`` makes a compact, writable
     copy. ``tails``, for a struct ending in a flexible array member, holds each
     sample's bytes after the fixed part; otherwise None. ``len()`` is the
     number of samples. See docs/columnar.md.

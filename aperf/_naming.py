@@ -7,7 +7,26 @@ also unpickles: ``aperf.X`` is the same object. As trio does for its namespace.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Subscriptable", "show_public_names"]
+
+if TYPE_CHECKING:
+    from typing import Generic as Subscriptable
+else:
+
+    class Subscriptable:
+        """What ``typing.Generic`` is to a type checker, for ``PerfStream[T]``, without
+        its machinery at run time: ``help(aperf.PerfStream)`` then ends with aperf's
+        text, not with Generic's ``__class_getitem__`` and ``__init_subclass__``."""
+
+        __slots__ = ()
+
+        def __class_getitem__(cls, params: Any) -> Any:
+            """``Class[T]`` in an annotation: the class whose values are ``T``."""
+            return cls if cls is Subscriptable else types.GenericAlias(cls, params)
 
 
 def show_public_names(namespace: Mapping[str, object]) -> None:

@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from ._errors import RingSizeError
+from ._errors import ArgumentError, RingSizeError
 
 PAGE_SIZE = mmap.PAGESIZE
 MAX_RING_BYTES = 1 << 28
@@ -96,14 +96,25 @@ DEFAULT_MAX_PENDING = 65536
 
 def check_max_pending(max_pending: Any) -> int:
     if not _is_int(max_pending) or max_pending < 1:
-        raise ValueError(f"max_pending must be an int of at least 1, not {max_pending!r}")
+        raise ArgumentError("max_pending", f"max_pending must be an int of at least 1, not "
+                            f"{max_pending!r}")
     return int(max_pending)
 
 
 def check_decode_errors(policy: Any) -> DecodeErrorPolicy:
     if policy not in ("item", "raise", "skip"):
-        raise ValueError(f"decode_errors must be 'item', 'raise' or 'skip', not {policy!r}")
+        raise ArgumentError("decode_errors", f"decode_errors must be 'item', 'raise' or 'skip', "
+                            f"not {policy!r}")
     return cast(DecodeErrorPolicy, policy)
+
+
+def check_max_rows(max_rows: int | None) -> int | None:
+    """``max_rows`` of the drivers' arrays, run_arrays and lease: None (no limit), or >= 1."""
+    if max_rows is not None and (
+        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+    ):
+        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+    return max_rows
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -112,7 +123,8 @@ def _check_seconds(name: str, value: float | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be seconds (a number), not {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive, finite number of seconds, not {value!r}")
+        raise ArgumentError(name, f"{name} must be a positive, finite number of seconds, not "
+                            f"{value!r}")
 
 
 @dataclass(frozen=True)
@@ -149,19 +161,21 @@ class Wakeup:
                 raise TypeError(f"Wakeup {name} must be an int, not {getattr(self, name)!r}")
         chosen = sum(bool(x) for x in (self.events, self.watermark_bytes, self.watermark_fraction))
         if chosen != 1:
-            raise ValueError("a Wakeup needs exactly one of events, watermark_bytes, fraction")
+            raise ArgumentError("wakeup", "a Wakeup needs exactly one of events, "
+                                "watermark_bytes, fraction")
         if self.events < 0 or self.watermark_bytes < 0 or not 0 <= self.watermark_fraction < 1:
-            raise ValueError(f"invalid wakeup threshold in {self!r}")
+            raise ArgumentError("wakeup", f"invalid wakeup threshold in {self!r}")
         _check_seconds("max_latency", self.max_latency)
         _check_seconds("idle_latency", self.idle_latency)
         _check_seconds("idle_after", self.idle_after)
         if self.idle_latency is not None and (
             self.max_latency is None or self.idle_latency < self.max_latency
         ):
-            raise ValueError("idle_latency must be at least max_latency")
+            raise ArgumentError("idle_latency", "idle_latency must be at least max_latency")
         if self.batched and self.max_latency is None:
-            raise ValueError(
-                "batched wakeups need max_latency: samples below the threshold would never be read"
+            raise ArgumentError(
+                "max_latency",
+                "batched wakeups need max_latency: samples below the threshold would never be read",
             )
 
     @property
@@ -184,7 +198,8 @@ class Wakeup:
     ) -> Wakeup:
         """Wake the reader every ``samples`` samples; a drain timer takes the rest."""
         if not _is_int(samples) or samples < 1:
-            raise ValueError(f"Wakeup.every needs an int of at least 1 sample, not {samples!r}")
+            raise ArgumentError("samples", f"Wakeup.every needs an int of at least 1 sample, "
+                                f"not {samples!r}")
         if samples == 1:
             return cls(events=1)
         return cls(
@@ -202,7 +217,8 @@ class Wakeup:
     ) -> Wakeup:
         """Wake the reader when ``nbytes`` are pending; a drain timer takes the rest."""
         if not _is_int(nbytes) or nbytes < 1:
-            raise ValueError(f"Wakeup.watermark needs an int of at least 1 byte, not {nbytes!r}")
+            raise ArgumentError("nbytes", f"Wakeup.watermark needs an int of at least 1 byte, "
+                                f"not {nbytes!r}")
         return cls(
             watermark_bytes=nbytes, max_latency=max_latency, idle_latency=idle_latency,
             idle_after=idle_after,
@@ -234,8 +250,8 @@ class Wakeup:
         try:
             return presets[name]()
         except KeyError:
-            raise ValueError(
-                f"unknown wakeup preset {name!r}; use one of {sorted(presets)}"
+            raise ArgumentError(
+                "wakeup", f"unknown wakeup preset {name!r}; use one of {sorted(presets)}"
             ) from None
 
     def kernel_settings(self, ring_bytes: int) -> tuple[int, int]:

@@ -26,7 +26,6 @@ from typing import Any
 
 from ._bpf.object import BPFObject, Map
 from ._naming import show_public_names as _show_public_names
-from ._native import libbpf as lb
 from ._rings.perf.fake import FakeRingMemory, FakeRingSource
 from ._rings.perf.format import MAX_SAMPLE_BYTES as MAX_SAMPLE_BYTES
 from ._rings.perf.format import encode_lost, encode_sample
@@ -80,13 +79,16 @@ def sample_header(data: bytes) -> tuple[int, int]:
 @dataclass(frozen=True)
 class ProducerCounters:
     """The BPF side's own counts since load: outputs that succeeded, that failed (ring
-    full), and ring buffer records reserved and discarded on purpose (``discard_every``)."""
+    full), and ring buffer records reserved and discarded on purpose (``discard_every``);
+    ``no_ring``: of the failed perf outputs, those that found the map slot empty
+    (``-ENOENT``: no reader yet, paused, or closed), which no reader can count."""
 
     ok: int
     failed: int
     tag: int
     runs: int
     discarded: int = 0
+    no_ring: int = 0
 
 
 class Producer:
@@ -126,7 +128,7 @@ class Producer:
             if perf_slots is not None:
                 self._obj.maps["samples"].set_max_entries(perf_slots)
             self._obj.load()
-            self._prog_fd = self._obj.programs["produce"].fd
+            self._program = self._obj.programs["produce"]
             self._config = self._obj.maps["config"]
             self._counters = self._obj.maps["counters"]
         except BaseException:
@@ -188,7 +190,7 @@ class Producer:
                 _KEY.pack(cpu),
                 _CONFIG.pack(batch, size, seq, self._target, rb_flags, discard_every, perf_flags),
             )
-            retval = lb.test_run_on_cpu(self._prog_fd, cpu)
+            retval = self._program.test_run(cpu=cpu)
             if retval != 0:
                 raise RuntimeError(f"producer program refused the run (returned {retval})")
             seq += batch
@@ -221,7 +223,7 @@ class Producer:
     def counters(self) -> ProducerCounters:
         """The BPF side's own counts since load."""
         values = [
-            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(5)
+            struct.unpack("<Q", self._counters.lookup(_KEY.pack(i)))[0] for i in range(6)
         ]
         return ProducerCounters(*values)
 

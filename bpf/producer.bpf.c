@@ -31,6 +31,8 @@
  * counters: [0] += successful outputs, [1] += failed outputs (helper < 0, or
  *           no room to reserve), [2]  = tag, [3] += 1 per accepted run,
  *           [4] += discarded records. ok + failed + discarded == samples asked for.
+ *           [5] += the failed perf outputs that found no ring in the map slot
+ *           (-ENOENT: no reader, paused, or closed); the others found it full.
  *
  * failures: where outputs failed, per CPU (a per-CPU array of one struct
  *           failure_log): each run of consecutive failed sequence numbers as
@@ -57,6 +59,7 @@ enum {
 	CNT_TAG = 2,
 	CNT_RUNS = 3,
 	CNT_DISCARDED = 4,
+	CNT_NO_RING = 5,
 	CNT_MAX,
 };
 
@@ -147,6 +150,7 @@ struct loop_ctx {
 	__u64 ok;
 	__u64 failed;
 	__u64 discarded;
+	__u64 no_ring;
 };
 
 /* Log a failed output: it extends the last run if it follows it, else starts one.
@@ -233,6 +237,8 @@ static long emit_one(__u64 i, void *data)
 		ret = bpf_ringbuf_output(&ringbuf, buf, size, lc->rb_flags);
 	} else {
 		ret = bpf_perf_event_output(lc->ctx, &samples, lc->perf_flags, buf, size);
+		if (ret == -2) /* -ENOENT: vmlinux.h has no errno values */
+			lc->no_ring++;
 	}
 	if (ret < 0)
 		failed_at(lc, seq);
@@ -279,6 +285,7 @@ int produce(void *ctx)
 	counter_add(CNT_OK, lc.ok);
 	counter_add(CNT_FAILED, lc.failed);
 	counter_add(CNT_DISCARDED, lc.discarded);
+	counter_add(CNT_NO_RING, lc.no_ring);
 	key = CNT_TAG;
 	p = bpf_map_lookup_elem(&counters, &key);
 	if (p)

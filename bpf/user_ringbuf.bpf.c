@@ -3,9 +3,8 @@
  * into the BPF_MAP_TYPE_USER_RINGBUF "to_bpf" and echoes every message, byte for
  * byte, into the BPF ring buffer "echo" that aperf reads back.
  *
- * "drain" is not attached anywhere: user space runs it with bpf_prog_test_run_opts().
- * "drain_on_getpid" drains the same way on every getpid() of the process whose
- * tgid is target_tgid (set before load), for programs that attach it.
+ * "drain" is not attached anywhere: user space runs it with bpf_prog_test_run_opts()
+ * (docs/user-ringbuf.md's example, bpf/user_ringbuf_hello.bpf.c, attaches its drain).
  * One run calls bpf_user_ringbuf_drain() once; it hands the callback every
  * submitted message in order and frees their space.
  *
@@ -21,8 +20,6 @@
 char LICENSE[] SEC("license") = "GPL";
 
 #define MAX_MESSAGE 1024 /* echoed whole: larger messages are counted, not echoed */
-
-const volatile __u32 target_tgid = 0;
 
 extern __u32 bpf_dynptr_size(const struct bpf_dynptr *ptr) __ksym;
 
@@ -100,13 +97,5 @@ SEC("raw_tp")
 int drain(void *ctx)
 {
 	drain_once();
-	return 0;
-}
-
-SEC("tp/syscalls/sys_enter_getpid")
-int drain_on_getpid(void *ctx)
-{
-	if ((__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid)
-		drain_once();
 	return 0;
 }

@@ -19,9 +19,11 @@ refused (``Malformed``: not aperf's, or forged) go to stderr. The
 durable consumer (``--durable``) remembers where the viewer stopped: a second
 run continues there. Create the JetStream stream once, before the tracers start:
 ``python -m aperf.fleet create-stream --nats URL``. Ctrl-C or SIGTERM stops it.
-The ``--nats-*`` options give credentials and TLS (docs/fleet.md, Security). When it
-cannot start (no server, no stream, credentials refused, a cluster without quorum
-for ``--nats-wait`` seconds) it prints one line and exits with status 2.
+The ``--nats-*`` options give credentials and TLS (docs/fleet.md, Security), and
+``--nats-host-keys`` the hosts' public keys: then only signed events are shown. When it
+cannot start it prints one line naming the option to check, and exits with status 1 (no
+server, no stream, a cluster without quorum for ``--nats-wait`` seconds) or, as for any
+bad option, 2 (credentials the server refused), as every aperf command does.
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ async def view(args: argparse.Namespace) -> int:
     try:
         reader = FleetReader(
             _natsargs.servers(args.nats), jetstream=args.jetstream, durable=args.durable,
-            decoder=decoder, subject=f"aperf.*.{TRACER}", **_natsargs.keywords(args),
+            decoder=decoder, subject=f"aperf.*.{TRACER}", host_keys=args.nats_host_keys,
+            **_natsargs.keywords(args),
         )
+    except FleetConfigError:  # --nats-host-keys that cannot be read: said as it is
+        raise
     except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
         raise FleetConfigError("--nats", str(exc)) from None
     out = await LineOutput.open()
@@ -103,7 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Print the exec/exit events of every host publishing to NATS JetStream.",
     )
     parser.add_argument(
-        "--nats", required=True, metavar="URL[,URL...]",
+        "--nats", required=True, type=_natsargs.nats_urls, metavar="URL[,URL...]",
         help="the NATS server (several, comma-separated: nodes of a cluster)",
     )
     parser.add_argument(
@@ -117,8 +122,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--object", type=Path, default=shipped_object(), metavar="PATH",
         help="the tracer's BPF object, for its BTF (default: the one aperf ships)",
     )
+    parser.add_argument(
+        "--nats-host-keys", metavar="PATH",
+        help="show only events signed by their host's key: a file of '<host> ssh-ed25519 "
+        "<base64>' lines (python -m aperf.fleet keygen prints them); others are refused",
+    )
     _natsargs.add_arguments(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    _natsargs.check(parser, args)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,9 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _natsargs.one_line_warnings(PROG)
     try:
         return asyncio.run(view(args))
-    except FleetConfigError as exc:
-        warn(f"{PROG}: {exc}")  # cannot start as told (FleetAuthError, FleetUnavailableError)
-        return 2
+    except FleetConfigError as exc:  # cannot start as told (FleetAuthError, ...Unavailable...)
+        line, status = _natsargs.failure(exc)
+        warn(f"{PROG}: {line}")
+        return status
     except FleetError as exc:  # the connection closed for good while reading
         warn(f"{PROG}: {exc}")
     except aperf.ObjectFileError as exc:

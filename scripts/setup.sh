@@ -31,6 +31,7 @@ fi
 # A virtual environment of the checkout's own (.venv), so that nothing else on the
 # machine is changed and two checkouts do not fight over one editable install.
 if [ ! -x .venv/bin/python ]; then
+    echo "aperf setup: making .venv, this checkout's own Python environment" >&2
     "${BASE_PYTHON:-python3}" -m venv .venv
 fi
 # pip takes about 3 s even when nothing changed: skip it while what it installs from
@@ -45,6 +46,9 @@ if [ "${APERF_SETUP_FORCE:-0}" = 1 ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$inp
     # The distribution was called "aperf" before it became aperf-bpf: a .venv made then
     # holds that editable install too, which would shadow the metadata of the new one.
     .venv/bin/python -m pip uninstall -q -y aperf >/dev/null 2>&1 || true
+    # pip says nothing with -q: say what takes the time, once, before it starts.
+    echo "aperf setup: installing aperf and its Python packages into .venv with pip" \
+        "(quietly: about a minute on the first run, seconds later)" >&2
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,service,docs]'
     echo "$inputs" > "$STAMP"
 fi

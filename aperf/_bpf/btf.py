@@ -138,34 +138,52 @@ def struct_hint(name: str, path: str) -> str:
 
 @dataclass(frozen=True)
 class GlobalSlot:
-    """Where a global lives: its section, offset and size, and how to encode it."""
+    """Where a global lives: its section, offset and size, how to encode it, and its
+    BTF type (``type_id``, for ``global_decoder``)."""
 
     section: str
     offset: int
     size: int
     signed: bool
     is_int: bool
+    type_id: int = 0
+
+
+def global_slots(btf: lb.Btf | None) -> dict[str, GlobalSlot]:
+    """Every global of ``.rodata``, ``.data`` and ``.bss``, by name, in section order."""
+    slots: dict[str, GlobalSlot] = {}
+    if btf is None:
+        return slots
+    for type_id in range(1, btf.type_count()):
+        sec = btf.type(type_id)
+        if sec.kind != lb.BTF_KIND_DATASEC or sec.name not in _LOADED_SECTIONS:
+            continue
+        for var_id, offset, size in sec.datasec_vars:
+            var = btf.type(var_id)
+            target = btf.skip_modifiers(var.ref)
+            is_int = target.kind in (lb.BTF_KIND_INT, lb.BTF_KIND_ENUM, lb.BTF_KIND_ENUM64)
+            signed = (
+                bool(target.int_encoding & lb.BTF_INT_SIGNED)
+                if target.kind == lb.BTF_KIND_INT
+                else target.kind_flag if is_int else False
+            )
+            slots.setdefault(var.name, GlobalSlot(sec.name, offset, size, signed, is_int,
+                                                  var.ref))
+    return slots
 
 
 def global_slot(btf: lb.Btf | None, name: str) -> GlobalSlot:
     """The DATASEC slot of global ``name`` (``.rodata``, ``.data`` or ``.bss``)."""
-    known: list[str] = []
-    if btf is not None:
-        for type_id in range(1, btf.type_count()):
-            sec = btf.type(type_id)
-            if sec.kind != lb.BTF_KIND_DATASEC or sec.name not in _LOADED_SECTIONS:
-                continue
-            for var_id, offset, size in sec.datasec_vars:
-                var = btf.type(var_id)
-                known.append(var.name)
-                if var.name != name:
-                    continue
-                target = btf.skip_modifiers(var.ref)
-                is_int = target.kind in (lb.BTF_KIND_INT, lb.BTF_KIND_ENUM, lb.BTF_KIND_ENUM64)
-                signed = (
-                    bool(target.int_encoding & lb.BTF_INT_SIGNED)
-                    if target.kind == lb.BTF_KIND_INT
-                    else target.kind_flag if is_int else False
-                )
-                return GlobalSlot(sec.name, offset, size, signed, is_int)
-    raise UnknownNameError("global", name, known)
+    slots = global_slots(btf)
+    try:
+        return slots[name]
+    except KeyError:
+        raise UnknownNameError("global", name, list(slots)) from None
+
+
+def global_decoder(btf: lb.Btf, name: str, slot: GlobalSlot) -> SizedDecoder:
+    """A decoder of global ``name``'s bytes whose one field is its value, decoded as a
+    member of that type is in a sample (ints, enums, structs, arrays, char arrays)."""
+    value = _BtfLayouts(btf).ctype(slot.type_id)
+    holder = RecordType(f"global {name}", False, slot.size, (Member("value", 0, value),))
+    return compile_layout(holder, f"global {name}", "<")

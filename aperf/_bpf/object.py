@@ -13,14 +13,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import mmap
 import os
 import stat
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any, Literal, TypeVar, cast
 
 from .._decoding.decode import SizedDecoder
 from .._errors import (
@@ -32,15 +33,27 @@ from .._errors import (
     ObjectFileError,
     ObjectStateError,
     UnknownNameError,
+    UnsupportedError,
     VerifierError,
 )
 from .._log import log
 from .._native import libbpf as lb
-from .btf import GlobalSlot, btf_decoder, global_slot
+from .btf import GlobalSlot, btf_decoder, global_decoder, global_slot, global_slots
+from .header import BUFFER_DROPS, BUFFER_MARK, RINGS_DROPS, RINGS_MARK
 
 _V = TypeVar("_V")
 _F = TypeVar("_F", bound=Callable[..., Any])
 _CLOSE_POLL = 0.0002  # seconds between looks at the calls a close waits for (each is short)
+
+
+BufferChoice = Literal["auto", "ringbuf", "perf"]
+"""What ``BPFObject(path, buffer=...)`` makes of the buffers of ``<aperf/buffer.bpf.h>``."""
+BUFFER_CHOICES = ("auto", "ringbuf", "perf")
+BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
+BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
+BPF_MAP_TYPE_RINGBUF = 27
+BPF_F_MMAPABLE = 1 << 10
+_WORDS: dict[int, Literal["B", "H", "I", "Q"]] = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 
 def _last_line(text: str) -> str:
@@ -189,6 +202,115 @@ def _release_guarded(method: _F) -> _F:
     return cast(_F, call)
 
 
+def _encode_global(name: str, slot: GlobalSlot, value: object) -> bytes:
+    """``value`` as global ``name``'s bytes: an int checked against its size and
+    signedness, or bytes no longer than it (zero-padded)."""
+    if isinstance(value, bool | int) and slot.is_int:
+        try:
+            return int(value).to_bytes(slot.size, "little", signed=slot.signed)
+        except OverflowError:
+            kind = "signed" if slot.signed else "unsigned"
+            raise GlobalValueError(
+                f"{value!r} does not fit global {name!r} ({kind} {slot.size * 8}-bit)"
+            ) from None
+    if isinstance(value, bytes | bytearray):
+        if len(value) > slot.size:
+            raise GlobalValueError(
+                f"{len(value)} bytes do not fit global {name!r} ({slot.size} bytes)"
+            )
+        return bytes(value).ljust(slot.size, b"\0")
+    raise GlobalValueError(
+        f"global {name!r} takes {'an int' if slot.is_int else 'bytes'}, "
+        f"not {type(value).__name__}"
+    )
+
+
+def _check_max_entries(max_entries: object) -> None:
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int):
+        raise TypeError(f"max_entries must be an int, not {type(max_entries).__name__}")
+    if not 0 < max_entries < 1 << 32:
+        raise ArgumentError("max_entries", f"max_entries must be in 1..2**32-1, not "
+                            f"{max_entries!r}")
+
+
+class SectionMemory:
+    """A global-data section's map (``.data``, ``.bss``, ``.rodata``) mapped into this
+    process: the globals' live bytes, shared with the programs (what a libbpf
+    skeleton's ``skel->bss`` points at). ``.rodata`` is frozen at load: mapped read-only.
+
+    The mapping holds the map: it stays valid after the object closes, until ``close``.
+    An aligned integer of 1, 2, 4 or 8 bytes is read and written in one access.
+    """
+
+    def __init__(self, fd: int, name: str, writable: bool) -> None:
+        info = lb.map_info(fd)
+        if not info.flags & BPF_F_MMAPABLE:
+            raise UnsupportedError(
+                f"map {name!r} cannot be mapped (no BPF_F_MMAPABLE: Linux 5.5+ and libbpf "
+                "make global data mappable); its globals' live values cannot be read"
+            )
+        self.name = name
+        self.size = info.value_size
+        self.writable = writable
+        length = max(mmap.PAGESIZE, -(-self.size // mmap.PAGESIZE) * mmap.PAGESIZE)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self._mmap: mmap.mmap | None = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
+
+    def _memory(self, offset: int, size: int) -> mmap.mmap:
+        if self._mmap is None:
+            raise ClosedResourceError(f"the mapping of map {self.name!r} is closed")
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise ObjectStateError(
+                f"bytes {offset}..{offset + size} lie outside map {self.name!r} "
+                f"({self.size} bytes)"
+            )
+        return self._mmap
+
+    def read(self, offset: int, size: int) -> bytes:
+        memory = self._memory(offset, size)
+        word = _WORDS.get(size)
+        if word is None or offset % size:
+            return memory[offset : offset + size]
+        with memoryview(memory) as view, view[offset : offset + size].cast(word) as cell:
+            return int(cell[0]).to_bytes(size, "little")
+
+    def write(self, offset: int, data: bytes) -> None:
+        memory = self._memory(offset, len(data))
+        if not self.writable:
+            raise ObjectStateError(f"map {self.name!r} is read-only")
+        word = _WORDS.get(len(data))
+        if word is None or offset % len(data):
+            memory[offset : offset + len(data)] = data
+            return
+        with memoryview(memory) as view, view[offset : offset + len(data)].cast(word) as cell:
+            cell[0] = int.from_bytes(data, "little")
+
+    def close(self) -> None:
+        mapping, self._mmap = self._mmap, None
+        if mapping is not None:
+            mapping.close()
+
+
+class DropCounter:
+    """The drops that ``<aperf/buffer.bpf.h>`` counts for one map, read live from its own
+    mapping of ``.bss`` (valid after the object closes, until ``close``): ``count()`` for
+    a buffer, ``count(index)`` for a ring of a per-CPU ring buffer map."""
+
+    def __init__(self, memory: SectionMemory, slot: GlobalSlot, global_name: str) -> None:
+        self._memory = memory
+        self._offset = slot.offset
+        self.slots = slot.size // 8
+        self.name = global_name
+
+    def count(self, index: int = 0) -> int:
+        if not 0 <= index < self.slots:
+            raise IndexError(f"{self.name} counts {self.slots} ring(s), not ring {index}")
+        return int.from_bytes(self._memory.read(self._offset + 8 * index, 8), "little")
+
+    def close(self) -> None:
+        self._memory.close()
+
+
 class _Part:
     """A map or program: memory inside a ``BPFObject``, freed when that object closes.
 
@@ -261,15 +383,29 @@ class Map(_Part):
     def set_max_entries(self, max_entries: int) -> None:
         """Size the map before its object is loaded (a ring buffer: its bytes, a power of
         two of at least a page)."""
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int):
-            raise TypeError(f"max_entries must be an int, not {type(max_entries).__name__}")
-        if not 0 < max_entries < 1 << 32:
-            raise ArgumentError("max_entries", f"max_entries must be in 1..2**32-1, not "
-                                f"{max_entries!r}")
+        _check_max_entries(max_entries)
         ptr = self._ptr  # ClosedResourceError once the object is closed
         if self._owner.loaded:
             raise ObjectStateError(f"map {self.name!r}: set_max_entries before load()")
         lb.bpf_map__set_max_entries(ptr, max_entries)
+
+    @_guarded
+    def set_inner_max_entries(self, max_entries: int) -> None:
+        """Size the rings the loader makes for a per-CPU ring buffer map
+        (``APERF_RINGBUF_PER_CPU`` of ``<aperf/buffer.bpf.h>``), before load: the bytes
+        of each CPU's ring buffer (a power of two of at least a page). The kernel
+        does not hold a map of maps' ring buffers to its inner map's size."""
+        _check_max_entries(max_entries)
+        self._check_open()
+        if self._owner.loaded:
+            raise ObjectStateError(f"map {self.name!r}: set_inner_max_entries before load()")
+        if self.name not in self._owner._ring_arrays:
+            raise ObjectStateError(
+                f"map {self.name!r} is not a per-CPU ring buffer map of <aperf/buffer.bpf.h> "
+                "(APERF_RINGBUF_PER_CPU), whose rings the loader makes; libbpf 1.1 cannot "
+                "resize another map's inner map"
+            )
+        self._owner._ring_bytes[self.name] = max_entries
 
     @property
     @_guarded
@@ -347,6 +483,13 @@ class Map(_Part):
     def object(self) -> BPFObject:
         """The BPF object the map belongs to."""
         return self._owner
+
+    @_guarded
+    def _drop_counter(self) -> DropCounter | None:
+        """The drops ``<aperf/buffer.bpf.h>`` counts for this map (a ring buffer's, or each
+        ring's of a per-CPU ring buffer map), on a mapping of its own; None if the
+        program keeps no such count."""
+        return self._owner._drop_counter(self.name)
 
     def __repr__(self) -> str:
         return f"<aperf.Map {self.name!r}{self._state()}>"
@@ -468,6 +611,22 @@ class Program(_Part):
         """Remove every attachment made through [`attach()`][aperf.Program.attach]."""
         self._detach_all()
 
+    @_guarded
+    def test_run(self, *, cpu: int | None = None) -> int:
+        """Run the program once through ``BPF_PROG_TEST_RUN``, with no input, and return
+        its return value: a ``raw_tp`` program (as
+        [`aperf.testing.Producer`][aperf.testing.Producer]'s), on ``cpu`` (None: the
+        calling thread's CPU). Blocks the calling thread, not others, while it runs; the
+        object cannot close under it (a close waits for the run to end).
+        """
+        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int)):
+            raise TypeError(f"cpu must be an int or None, not {type(cpu).__name__}")
+        if cpu is not None and cpu < 0:
+            raise ArgumentError("cpu", f"cpu={cpu}: a CPU id is 0 or more")
+        if not self._owner.loaded:
+            raise ObjectStateError(f"load the object before running program {self.name!r}")
+        return lb.test_run_on_cpu(self.fd, cpu)
+
     def _detach_all(self) -> None:
         for link in list(self._links):
             link._destroy()
@@ -476,15 +635,60 @@ class Program(_Part):
         return f"<aperf.Program {self.name!r} section={self.section!r}{self._state()}>"
 
 
+class Globals(MutableMapping[str, Any]):
+    """``BPFObject.globals``: the object's globals by name, read and written live."""
+
+    def __init__(self, owner: BPFObject) -> None:
+        self._owner = owner
+
+    def __getitem__(self, name: str) -> Any:
+        return self._owner.read_global(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._owner.write_global(name, value)
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("a global cannot be deleted")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner._global_names())
+
+    def __len__(self) -> int:
+        return len(self._owner._global_names())
+
+    def __repr__(self) -> str:
+        return f"<globals of {self._owner!r}>"
+
+
 class BPFObject:
     """A compiled BPF object file: open, set globals, load, attach, close (exactly once).
 
     Use it as a context manager; closing detaches every program and releases every fd.
+
+    ``buffer`` picks the type of the buffers the program declares with
+    ``APERF_BUFFER`` (``#include <aperf/buffer.bpf.h>``, docs/own-program.md) before
+    anything is loaded: ``"ringbuf"`` (a BPF ring buffer), ``"perf"`` (a perf event
+    array, a ring per CPU) or ``"auto"`` (a ring buffer where the kernel has them,
+    Linux 5.8+, else a perf event array). None (the default) leaves every map as the
+    object declares it. [`buffer`][aperf.BPFObject.buffer] says what it became;
+    ``PerfStream(obj.maps[name])`` reads either.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, buffer: BufferChoice | None = None
+    ) -> None:
+        if buffer is not None and buffer not in BUFFER_CHOICES:
+            raise ArgumentError(
+                "buffer", f"buffer={buffer!r}: use 'auto', 'ringbuf', 'perf' or None"
+            )
         self._handle = self._guard = _Handle(0)
         self._loaded = False
+        self._sections: dict[str, SectionMemory] = {}
+        self._sections_lock = threading.Lock()
+        self._decoders: dict[str, SizedDecoder] = {}
+        self._buffers: list[str] = []  # APERF_BUFFER maps
+        self._ring_arrays: list[str] = []  # APERF_RINGBUF_PER_CPU maps
+        self._ring_bytes: dict[str, int] = {}  # their rings' size, if set before load
         self._maps: _NameTable[Map] = _NameTable("map", {})
         self._programs: _NameTable[Program] = _NameTable("program", {})
         raw = lb.c_path(path, "path")
@@ -509,9 +713,56 @@ class BPFObject:
             self._maps = _NameTable("map", {m.name: m for m in self._collect_maps()})
             programs = [Program(self, p) for p in lb.iter_programs(ptr)]
             self._programs = _NameTable("program", {p.name: p for p in programs})
+            self._buffers = self._marked(BUFFER_MARK, (BPF_MAP_TYPE_RINGBUF,))
+            self._ring_arrays = self._marked(RINGS_MARK, (BPF_MAP_TYPE_ARRAY_OF_MAPS,))
+            if buffer is not None:
+                self._choose_buffer(buffer)
         except BaseException:
             self.close()
             raise
+
+    def _marked(self, mark: str, types: tuple[int, ...]) -> list[str]:
+        """The maps ``<aperf/buffer.bpf.h>`` declared, found by the globals it puts beside
+        them (a global ``mark + name`` in ``.rodata``), as opened (of ``types``)."""
+        names = []
+        for name, slot in global_slots(self._btf()).items():
+            if not name.startswith(mark) or slot.section != ".rodata":
+                continue
+            map_name = name.removeprefix(mark)
+            if map_name not in self._maps or self._maps[map_name].type not in types:
+                raise ObjectFileError(
+                    self.path, errno.EINVAL, "bpf_object__open_file",
+                    f"global {name!r} marks map {map_name!r} as declared by "
+                    "<aperf/buffer.bpf.h>, but the object has no such map of that type",
+                )
+            names.append(map_name)
+        return names
+
+    def _choose_buffer(self, buffer: BufferChoice) -> None:
+        if not self._buffers:
+            raise ArgumentError(
+                "buffer", f"buffer={buffer!r}: {self.path!r} declares no buffer to choose a "
+                "type for (APERF_BUFFER from <aperf/buffer.bpf.h>, docs/own-program.md)"
+            )
+        ringbuf = buffer == "ringbuf" or (
+            buffer == "auto" and lb.map_type_supported(BPF_MAP_TYPE_RINGBUF)
+        )
+        for name in self._buffers:
+            if not ringbuf:  # no key or value for a ring buffer, 4 bytes each for perf
+                lb.retype_map(self._maps[name]._ptr, BPF_MAP_TYPE_PERF_EVENT_ARRAY, 4, 4, 0)
+            self._set_global_unguarded(BUFFER_MARK + name, int(ringbuf))
+        log.debug("bpf object buffers", path=self.path, buffer=buffer,
+                  chosen="ringbuf" if ringbuf else "perf", maps=",".join(self._buffers))
+
+    @property
+    def buffer(self) -> Literal["ringbuf", "perf"] | None:
+        """What the program's ``APERF_BUFFER`` maps are: ``"ringbuf"`` or ``"perf"``
+        (chosen by ``buffer=``, else as declared: a ring buffer); None if it has none."""
+        self._check_open()
+        if not self._buffers:
+            return None
+        first = self._maps[self._buffers[0]]
+        return "ringbuf" if first.type == BPF_MAP_TYPE_RINGBUF else "perf"
 
     def _check_regular_file(self) -> None:
         # libbpf 1.1 leaks its fd when libelf refuses what it opened (a
@@ -609,45 +860,141 @@ class BPFObject:
 
         Integers are checked against the variable's size and signedness; bytes
         must not be longer than the variable (shorter values are zero-padded).
+        After load, [`write_global`][aperf.BPFObject.write_global] changes a
+        ``.data``/``.bss`` global the programs see.
         """
+        self._set_global_unguarded(name, value)
+
+    def _set_global_unguarded(self, name: str, value: int | bool | bytes) -> None:
         self._check_open()
         if self._loaded:
             raise ObjectStateError(
-                f"set_global({name!r}) after load: globals are frozen into the program at load time"
+                f"set_global({name!r}) after load: globals are frozen into the program at load "
+                "time (write_global() changes a .data or .bss global the programs see)"
             )
         slot = global_slot(self._btf(), name)
-        if isinstance(value, bool | int) and slot.is_int:
-            try:
-                raw = int(value).to_bytes(slot.size, "little", signed=slot.signed)
-            except OverflowError:
-                kind = "signed" if slot.signed else "unsigned"
-                raise GlobalValueError(
-                    f"{value!r} does not fit global {name!r} ({kind} {slot.size * 8}-bit)"
-                ) from None
-        elif isinstance(value, bytes | bytearray):
-            if len(value) > slot.size:
-                raise GlobalValueError(
-                    f"{len(value)} bytes do not fit global {name!r} ({slot.size} bytes)"
-                )
-            raw = bytes(value).ljust(slot.size, b"\0")
-        else:
-            raise GlobalValueError(
-                f"global {name!r} takes {'an int' if slot.is_int else 'bytes'}, "
-                f"not {type(value).__name__}"
-            )
         section_map, current = self._section_image(name, slot)
         image = bytearray(current)
-        image[slot.offset : slot.offset + slot.size] = raw
+        image[slot.offset : slot.offset + slot.size] = _encode_global(name, slot, value)
         lb.set_map_initial_value(section_map._ptr, bytes(image))
 
     @_guarded
     def get_global(self, name: str) -> int | bytes:
-        """The value a global will have (before load) or was loaded with."""
+        """The value a global will have (before load) or was loaded with (after load).
+
+        After load this is the value libbpf handed the kernel, not what the programs
+        have made of it since: [`read_global`][aperf.BPFObject.read_global] reads the
+        current value. Integers come as ``int``, anything else as its bytes.
+        """
         self._check_open()
         slot = global_slot(self._btf(), name)
         _, current = self._section_image(name, slot)
         raw = current[slot.offset : slot.offset + slot.size]
         return int.from_bytes(raw, "little", signed=slot.signed) if slot.is_int else raw
+
+    # --- live globals: the section maps, mapped -------------------------------------
+
+    @_guarded
+    def read_global(self, name: str) -> Any:
+        """A global's current value, decoded with the object's BTF.
+
+        After load it is read from the section's map, as the programs see it now (a
+        counter they keep, a value [`write_global`][aperf.BPFObject.write_global]
+        set); before load, the value it will be loaded with. Integers come as
+        ``int``, ``bool`` as ``bool``, enums as their ``IntEnum``, structs, arrays and
+        ``char`` arrays as a sample's fields would (docs/decoding.md).
+        """
+        slot = global_slot(self._btf(), name)
+        if self._loaded:
+            raw = self._section_memory(slot.section).read(slot.offset, slot.size)
+        else:
+            _, image = self._section_image(name, slot)
+            raw = image[slot.offset : slot.offset + slot.size]
+        decoder = self._decoders.get(name)
+        if decoder is None:
+            btf = self._btf()
+            assert btf is not None  # global_slot found the global in it
+            decoder = self._decoders[name] = global_decoder(btf, name, slot)
+        return decoder(raw)[0]
+
+    @_guarded
+    def write_global(self, name: str, value: int | bool | bytes) -> None:
+        """Change a ``.data`` or ``.bss`` global: the programs see the new value at once.
+
+        Before load it is [`set_global`][aperf.BPFObject.set_global]. A ``.rodata``
+        (``const volatile``) global is frozen at load:
+        [`ObjectStateError`][aperf.ObjectStateError]. Values are checked as
+        ``set_global`` checks them; an aligned integer of 1, 2, 4 or 8 bytes is
+        written in one store, anything larger byte by byte (a program may see it
+        half written).
+        """
+        if not self._loaded:
+            self._set_global_unguarded(name, value)
+            return
+        slot = global_slot(self._btf(), name)
+        if slot.section == ".rodata":
+            raise ObjectStateError(
+                f"write_global({name!r}): a .rodata (const volatile) global is frozen when the "
+                "object loads; set it before load with set_global()"
+            )
+        raw = _encode_global(name, slot, value)
+        self._section_memory(slot.section).write(slot.offset, raw)
+
+    @property
+    def globals(self) -> MutableMapping[str, Any]:
+        """The object's globals by name, as a mapping: reading one is
+        [`read_global`][aperf.BPFObject.read_global], assigning one is
+        [`write_global`][aperf.BPFObject.write_global] (a skeleton's
+        ``skel->bss->counter``)."""
+        self._check_open()
+        return Globals(self)
+
+    @_guarded
+    def _global_names(self) -> list[str]:
+        return list(global_slots(self._btf()))
+
+    def _section_memory(self, section: str) -> SectionMemory:  # inside a guarded call
+        with self._sections_lock:
+            memory = self._sections.get(section)
+            if memory is None:
+                section_map = self._section_map(section)
+                memory = SectionMemory(section_map._fd(), section_map.name,
+                                       writable=section != ".rodata")
+                self._sections[section] = memory
+            return memory
+
+    def _drop_counter(self, map_name: str) -> DropCounter | None:  # inside a guarded call
+        """The drop count of map ``map_name`` kept by ``<aperf/buffer.bpf.h>``, on a
+        mapping of its own (its reader closes it), or None."""
+        if map_name in self._buffers:
+            name = BUFFER_DROPS + map_name
+        elif map_name in self._ring_arrays:
+            name = RINGS_DROPS + map_name
+        else:
+            return None
+        if not self._loaded:
+            raise ObjectStateError(f"map {map_name!r} has no drop count before load")
+        slot = global_slot(self._btf(), name)
+        section_map = self._section_map(slot.section)
+        memory = SectionMemory(section_map._fd(), section_map.name, writable=False)
+        return DropCounter(memory, slot, name)
+
+    def _fill_ring_arrays(self, sizes: dict[str, int | None]) -> None:  # after the load
+        """Give each per-CPU ring buffer map of ``<aperf/buffer.bpf.h>`` a ring buffer
+        per possible CPU (as many as its slots hold), of its inner map's size."""
+        cpus = int(lb.libbpf_num_possible_cpus())
+        for name in self._ring_arrays:
+            outer = self._maps[name]
+            size = sizes[name]
+            if size is None:
+                raise ObjectStateError(f"map {name!r} has no inner ring buffer to copy")
+            for cpu in range(min(cpus, outer.max_entries)):
+                ring = lb.create_map(BPF_MAP_TYPE_RINGBUF, f"{name[:10]}_{cpu}", 0, 0, size)
+                try:
+                    lb.map_update(outer._fd(), cpu.to_bytes(4, "little"),
+                                  ring.to_bytes(4, "little"))
+                finally:
+                    os.close(ring)  # the outer map holds it now
 
     # --- load, attach, close ------------------------------------------------------------
 
@@ -657,6 +1004,10 @@ class BPFObject:
         self._check_open()
         if self._loaded:
             raise ObjectStateError(f"BPF object {self.path!r} is already loaded")
+        # libbpf frees a map-in-map's inner template once the outer map exists: its
+        # ring size is read before (set_inner_max_entries's size, else the declared one).
+        ring_sizes = {name: self._ring_bytes.get(name) or lb.inner_map_max_entries(
+            self._maps[name]._ptr) for name in self._ring_arrays}
         with lb.capture_log() as captured:
             try:
                 lb.bpf_object__load(self._ptr)
@@ -672,6 +1023,7 @@ class BPFObject:
                     raise denied from None
                 exc.detail, exc.log = detail, text
                 raise
+        self._fill_ring_arrays(ring_sizes)
         self._loaded = True
         log.debug("bpf object loaded", path=self.path, maps=len(self._maps),
                   programs=len(self._programs))
@@ -719,6 +1071,10 @@ class BPFObject:
         self._release()
 
     def _release(self) -> None:
+        with self._sections_lock:
+            sections, self._sections = self._sections, {}
+        for memory in sections.values():
+            memory.close()
         try:
             for program in self._programs.values():
                 program._detach_all()

@@ -10,7 +10,9 @@ NUL, so shorter strings are NUL-padded), ``bytes`` for other byte arrays
 mappings for nested structs. A struct's value is a tuple of every field in
 order (a decoded record is one) or a mapping of some fields by name, the
 others zero, as a C initializer ``{.seq = 1}`` leaves them. A struct ending in
-a flexible array takes its tail as ``bytes`` in the last field.
+a flexible array takes its tail as ``bytes`` in the last field, and its message
+is the fixed part and the tail (the flexible member's offset plus the tail's
+length: less than ``sizeof`` for a short tail, as the decoder reads it back).
 
 Bad values raise ``ArgumentError`` naming the field: nothing is sent.
 """
@@ -174,11 +176,9 @@ def from_layout(layout: RecordType, name: str, order: str = "<") -> Encoder:
         tail = value.get(tail_name, b"") if isinstance(value, Mapping) else value[-1]
         if not isinstance(tail, bytes | bytearray | memoryview):
             raise _bad(f"{name}.{tail_name}", f"the tail needs bytes, not {type(tail).__name__}")
-        start = flex.offset
-        out = bytearray(max(size, start + len(tail)))
-        out[:size] = buf
-        out[start : start + len(tail)] = tail
-        return bytes(out)
+        # The fixed part and the tail, nothing after: padding up to sizeof would come
+        # back from the decoder as tail bytes the value never had.
+        return bytes(buf[: flex.offset]) + bytes(tail)
 
     return encode_with_tail
 

@@ -3,8 +3,11 @@
 - ``OpenReader`` is what an open ``PerfStream`` or ``PerfBuffer`` holds: the
   reader, how the driver stops waiting on its handles, the fork flag, the
   finalizer and the opened/closed log lines. It closes in one fixed order:
-  stop waiting (no callback may touch the rings from then on), take what the
-  rings still hold, free them, log the summary.
+  stop waiting (no callback may touch the rings from then on), stop the
+  producer writing into them (a perf event array's slots emptied, programs
+  already writing waited for), take what the rings still hold, free them, log
+  the summary. Drained before the producer stopped, a ring would be written
+  into again and freed with what it got.
 - fork: a child inherits a copy of every open stream or buffer, but not the
   rings' memory (perf mmaps are not inherited) and shares the parent's map
   slots and event-loop registrations. ``track()`` marks each open one
@@ -28,6 +31,7 @@ from typing import Any, Protocol
 from .._errors import ClosedResourceError
 from .._log import log
 from .._reading.reader import Reader
+from .._rings.seam import quiesce
 
 
 class Inherited(Protocol):
@@ -156,10 +160,13 @@ class OpenReader:
         reader = self.reader
         try:
             self._stop()  # 1. no callback may touch the rings from now on
-            reader.close()  # 2. takes what the rings hold; forgets them
+            try:
+                quiesce(reader.source)  # 2. nothing writes into the rings from now on
+            finally:
+                reader.close()  # 3. takes what the rings hold; forgets them
         finally:
             try:
-                reader.source.free()  # 3. rings unmapped, handles closed
+                reader.source.free()  # 4. rings unmapped, handles closed
             finally:
                 reader.log_summary(f"{self.noun} closed")
 

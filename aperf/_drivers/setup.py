@@ -20,7 +20,7 @@ from typing import Any
 
 from .._bpf.object import BPFObject, Map
 from .._decoding.decode import Decoder, from_ctypes, from_struct, is_ctypes_structure
-from .._errors import UnsupportedError
+from .._errors import ArgumentError, UnsupportedError
 from .._options import (
     DecodeErrorPolicy,
     Wakeup,
@@ -31,14 +31,28 @@ from .._options import (
     resolve_wakeup,
     ring_data_bytes,
 )
+from .._reading import multi
 from .._reading.clock import Clock
-from .._reading.multi import Member, MultiSource, check_names
 from .._reading.order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from .._reading.reader import Reader, load_columns
-from .._rings.map_spec import BPF_MAP_TYPE_RINGBUF, MapSpec, check_map_source, map_type_of
+from .._rings.map_spec import (
+    BPF_MAP_TYPE_ARRAY_OF_MAPS,
+    BPF_MAP_TYPE_RINGBUF,
+    MapSpec,
+    check_map_source,
+    map_type_of,
+)
+from .._rings.multi import Member, MultiSource, check_names, several_maps
 from .._rings.perf.source import PerfEventArraySource, check_layout
+from .._rings.ringbuf.array import RingBufferArraySource
 from .._rings.ringbuf.source import RingBufferSource
-from .._rings.seam import RING_SOURCE_MEMBERS, RecordedSource, RingConfig, RingSource
+from .._rings.seam import (
+    RING_SOURCE_MEMBERS,
+    MapSource,
+    RecordedSource,
+    RingConfig,
+    RingSource,
+)
 
 DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
@@ -63,8 +77,9 @@ def is_ring_source(value: object) -> bool:
 
 def resolve_source(spec: object) -> RingSource:
     """A ring source from what the user passed: a source itself, or a map, by its type:
-    a BPF ring buffer, or a perf event array (of eBPF for Windows on Windows, else of
-    the Linux kernel), whose open says what is wrong with anything else."""
+    a BPF ring buffer, an array of ring buffers (one per CPU), or a perf event array
+    (of eBPF for Windows on Windows, else of the Linux kernel), whose open says what
+    is wrong with anything else."""
     missing = missing_members(spec)
     if not missing:
         return spec  # type: ignore[return-value]
@@ -82,13 +97,16 @@ def resolve_source(spec: object) -> RingSource:
 
         return WindowsMapSource(spec)  # type: ignore[arg-type, return-value]  # by type, at open
     source = check_map_source(spec)
-    if map_type_of(source) == BPF_MAP_TYPE_RINGBUF:
+    map_type = map_type_of(source)
+    if map_type == BPF_MAP_TYPE_RINGBUF:
         return RingBufferSource(source)
+    if map_type == BPF_MAP_TYPE_ARRAY_OF_MAPS:
+        return RingBufferArraySource(source)
     return PerfEventArraySource(source)
 
 
 def _owner_object(source: RingSource) -> BPFObject | None:
-    owner = getattr(source, "object", None)
+    owner = source.object if isinstance(source, MapSource) else None
     return owner if isinstance(owner, BPFObject) else None
 
 
@@ -129,9 +147,9 @@ def _decoder_from_string(spec: str, source: RingSource) -> Decoder:
     try:
         packed = struct.Struct(spec)
     except struct.error:
-        raise ValueError(
-            f"decoder={spec!r} is not a C identifier: a decoder string names a struct or "
-            "typedef in the object's BTF (struct formats go in as struct.Struct(...))"
+        raise ArgumentError(
+            "decoder", f"decoder={spec!r} is not a C identifier: a decoder string names a "
+            "struct or typedef in the object's BTF (struct formats go in as struct.Struct(...))"
         ) from None
     warnings.warn(
         f"decoder={spec!r}: struct format strings are deprecated, since a string names a BTF "
@@ -197,7 +215,7 @@ class ReaderOptions:
         if take_over is not False:
             if take_over is not True:
                 raise TypeError(f"take_over must be True or False, not {take_over!r}")
-            if not hasattr(ring_source, "take_over"):
+            if not isinstance(ring_source, MapSource):
                 raise TypeError(
                     "take_over=True: only a map (or a map's source) has a reader in another "
                     f"process to take it from, not {type(ring_source).__name__}"
@@ -262,7 +280,7 @@ class ReaderOptions:
         order_by: str | Callable[[Any], Any] | None,
         lateness: float,
     ) -> ReaderOptions:
-        """Several maps in one stream (``_reading/multi.py``): each spec resolved as a single
+        """Several maps in one stream (``_rings/multi.py``): each spec resolved as a single
         source is, each decoder against its own map's source."""
         if isinstance(source, Mapping):
             pairs = list(source.items())
@@ -270,7 +288,8 @@ class ReaderOptions:
             pairs = [(spec.name if isinstance(spec, Map) else f"map{index}", spec)
                      for index, spec in enumerate(source)]
         if not pairs:
-            raise ValueError("source: an empty mapping (or list) of maps: give at least one")
+            raise ArgumentError("source", "source: an empty mapping (or list) of maps: give at "
+                                "least one")
         names = [name for name, _ in pairs]
         check_names(names)
         if memory_bytes is not None:
@@ -287,9 +306,9 @@ class ReaderOptions:
         if isinstance(decoder, Mapping):
             unknown = [name for name in decoder if name not in names]
             if unknown:
-                raise ValueError(
-                    f"decoder: no map named {', '.join(map(repr, unknown))} in this stream "
-                    f"(its maps: {', '.join(map(repr, names))})"
+                raise ArgumentError(
+                    "decoder", f"decoder: no map named {', '.join(map(repr, unknown))} in this "
+                    f"stream (its maps: {', '.join(map(repr, names))})"
                 )
             specs = {name: decoder.get(name) for name in names}
         else:
@@ -298,7 +317,7 @@ class ReaderOptions:
         if take_over is not False:
             if take_over is not True:
                 raise TypeError(f"take_over must be True or False, not {take_over!r}")
-            takers = [s for s in sources if hasattr(s, "take_over")]
+            takers = [s for s in sources if isinstance(s, MapSource)]
             if not takers:
                 raise TypeError("take_over=True: none of these sources is a map, to take from "
                                 "a reader in another process")
@@ -311,7 +330,7 @@ class ReaderOptions:
                 "cpus= and map_keys= choose the rings of a Linux perf event array; none of "
                 f"these maps is one ({', '.join(names)})"
             )
-        sized = [not isinstance(s, RingBufferSource) for s in sources]
+        sized = [not isinstance(s, RingBufferSource | RingBufferArraySource) for s in sources]
         size = ring_data_bytes(pages, ring_bytes)
         if size is not None and not any(sized):
             raise UnsupportedError(
@@ -325,10 +344,16 @@ class ReaderOptions:
         for member in members:
             if isinstance(member.source, RecordedSource):
                 member.source.check_decoder(member.decoder)
-        # Ordered across maps by one key: a field every map's decoder has, checked for each.
-        order_keys = [check_order_by(order_by, member.decoder) for member in members]
+        # Ordered across maps by one key: a field every map's decoder has, checked for each,
+        # and a mistake names the map whose decoder lacks it.
+        order_keys = []
+        for member in members:
+            try:
+                order_keys.append(check_order_by(order_by, member.decoder))
+            except ArgumentError as exc:
+                raise ArgumentError("order_by", f"map {member.name!r}: {exc}") from None
         return cls(
-            source=MultiSource(members),
+            source=several_maps(members),
             ring_bytes=size,
             wakeup=resolve_wakeup(wakeup),
             decoder=None,
@@ -369,7 +394,7 @@ class ReaderOptions:
         """That columnar batches can be made (NumPy; a decoder with a layout for each map),
         when a driver is made."""
         if isinstance(self.source, MultiSource):
-            self.source.columns(load_columns)
+            multi.columns(self.source, load_columns)
         else:
             load_columns(self.decoder)
 

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
+from .._naming import Subscriptable
 from .._native import speedups
-from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup, check_max_rows
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
 from .._reading.reader import DEFAULT_BATCH, Reader
@@ -41,14 +42,6 @@ CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
 
 
-def _check_max_rows(max_rows: int | None) -> int | None:
-    if max_rows is not None and (
-        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
-    ):
-        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
-    return max_rows
-
-
 def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     """How a dropped stream's release gets to its loop's thread, when that runs elsewhere."""
 
@@ -58,7 +51,10 @@ def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     return hand_over
 
 
-class PerfStream(Generic[T]):
+# scripts/driver_keywords.py copies the Args: entries of the keywords PerfBuffer shares
+# into its docstring, and writes the overloads of __init__ from its signature: run it
+# after editing either (scripts/check.sh fails until then).
+class PerfStream(Subscriptable[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
 
@@ -111,7 +107,8 @@ class PerfStream(Generic[T]):
         cpus: the CPUs to open rings on (a perf event array only; default: every online
             CPU whose id is a slot of the map). A CPU that is not possible on the host,
             or offline at open, is an ``ArgumentError``; samples the BPF program emits on
-            another CPU find an empty slot and fail there with ``-ENOENT``
+            another CPU find an empty slot and fail there with ``-ENOENT``, counted by the
+            BPF side only, never in this stream's ``Lost`` or ``statistics()``
             (docs/rings.md, "Some CPUs, or several channels per CPU").
         map_keys: index for index with ``cpus``, the map slot of each ring instead of its
             CPU id (a BPF program picks it with ``BPF_F_INDEX_MASK``: several channels per
@@ -476,11 +473,11 @@ class PerfStream(Generic[T]):
         still delivered; those refused while paused are neither delivered nor
         counted as lost by aperf (the BPF side's own failure count is the truth).
         Idempotent. A BPF ring buffer has no slots: ``UnsupportedError``."""
-        set_paused(self._require_open().source, True)
+        set_paused(self._require_live().source, True)
 
     def resume(self) -> None:
         """Put this stream's rings back into the map's slots (idempotent)."""
-        set_paused(self._require_open().source, False)
+        set_paused(self._require_live().source, False)
 
     def snapshot(self, order_by: str | None = None) -> list[Event[Any]]:
         """The newest records of every flight-recorder ring (``overwritable=True``), as
@@ -493,7 +490,7 @@ class PerfStream(Generic[T]):
         (unless it was paused already). The rings keep their records: a second
         snapshot sees them again, with what came since. Decoding follows
         ``decode_errors``. ``UnsupportedError`` without flight-recorder rings."""
-        return snapshot(self._require_open(), order_by)
+        return snapshot(self._require_live(), order_by)
 
     # --- consuming ---------------------------------------------------------------------
 
@@ -504,6 +501,14 @@ class PerfStream(Generic[T]):
                 "the stream is not open: use 'async with PerfStream(...)' or 'await stream.open()'"
             )
         return held.usable()
+
+    def _require_live(self) -> Reader:
+        """The reader, for what needs the rings themselves (not only what the close left
+        queued, or the final counts): ClosedResourceError once closed."""
+        reader = self._require_open()
+        if self._closed:
+            raise ClosedResourceError("this PerfStream is closed")
+        return reader
 
     def _take(self, reader: Reader, max_items: int) -> list[Event[T]]:
         batch = reader.take(max_items)
@@ -664,7 +669,7 @@ class PerfStream(Generic[T]):
 
         Needs NumPy and a decoder with a layout, as ``arrays()`` does (checked now).
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         handlers = Handlers(None, on_lost, on_decode_error, on_array)
         self._options.check_columns()  # NumPy and a decoder with a layout, now
         check_arrays_order(self._options)
@@ -693,7 +698,7 @@ class PerfStream(Generic[T]):
         a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
         cancelled, as `batches()` is; see docs/columnar.md.
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         check_arrays_order(self._options)
         reader = self._require_open()
         reader.columns()
@@ -713,15 +718,15 @@ class PerfStream(Generic[T]):
         NumPy array taken out of one and kept still shows its own records and holds
         its ring space until it is dropped (``.copy()`` what you keep). Needs NumPy
         and a decoder with a layout, as ``arrays()`` does. See docs/columnar.md,
-        "Leases".
+        "Leases: arrays in the ring itself".
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         reader = self._require_open()
-        if reader._columns is None:
-            reader.columns()  # NumPy and a decoder with a layout, now
-        from .lease import AsyncLease
+        reader.columns()  # NumPy and a decoder with a layout, now
+        from .lease import AsyncLease, lease
 
-        return AsyncLease(self, reader, max_rows)
+        return AsyncLease(lease(reader.rings), partial(self._take_arrays, reader, max_rows),
+                          self._wait, lambda: self.closed)
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()

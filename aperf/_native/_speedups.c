@@ -717,8 +717,8 @@ static PyObject *watch_walk(RingWatch *self, PyObject *rings);
 
 static PyObject *watch_busy(RingWatch *self, PyObject *rings)
 {
-    if (!PyDict_CheckExact(rings)) {
-        PyErr_SetString(PyExc_TypeError, "busy() takes the dict of rings");
+    if (!PyDict_Check(rings)) {
+        PyErr_SetString(PyExc_TypeError, "busy() takes the dict of rings (a dict or a subclass)");
         return NULL;
     }
     if (self->walking) {

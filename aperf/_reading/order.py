@@ -63,7 +63,8 @@ def check_lateness(lateness: object) -> float:
     if isinstance(lateness, bool) or not isinstance(lateness, int | float) or not (
         0 < lateness < POS
     ):
-        raise ValueError(f"lateness must be a number of seconds above 0, not {lateness!r}")
+        raise ArgumentError("lateness", f"lateness must be a number of seconds above 0, "
+                            f"not {lateness!r}")
     return float(lateness)
 
 
@@ -90,12 +91,13 @@ def check_order_by(order_by: object, decoder: Decoder | None) -> OrderKey | None
             )
         parts = order_by.split(".")
         if not all(part.isidentifier() for part in parts):
-            raise ValueError(f"order_by={order_by!r} is not a field name (or dotted names)")
+            raise ArgumentError("order_by", f"order_by={order_by!r} is not a field name (or "
+                                "dotted names)")
         fields = _layout_fields(decoder)
         if fields is not None and parts[0] not in fields:
-            raise ValueError(
-                f"order_by={order_by!r}: the decoder's records have no field {parts[0]!r} "
-                f"(fields: {', '.join(fields)})"
+            raise ArgumentError(
+                "order_by", f"order_by={order_by!r}: the decoder's records have no field "
+                f"{parts[0]!r} (fields: {', '.join(fields)})"
             )
         return operator.attrgetter("value." + order_by)
     if callable(order_by):

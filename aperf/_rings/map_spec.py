@@ -8,6 +8,7 @@ for Windows sources); and how their rings are read (``ring_access``).
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import threading
@@ -24,8 +25,12 @@ MapSpec = Map | int | str | os.PathLike[str]
 """What ``PerfStream``/``PerfBuffer`` accept besides a ring source: a map, its fd, a pinned path."""
 
 BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4
+BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
 BPF_MAP_TYPE_RINGBUF = 27
-READABLE_TYPES = "BPF_MAP_TYPE_PERF_EVENT_ARRAY (4) and BPF_MAP_TYPE_RINGBUF (27)"
+READABLE_TYPES = (
+    "BPF_MAP_TYPE_PERF_EVENT_ARRAY (4), BPF_MAP_TYPE_RINGBUF (27) and "
+    "BPF_MAP_TYPE_ARRAY_OF_MAPS (12) of ring buffers"
+)
 
 
 def check_map_source(source: object) -> MapSpec:
@@ -89,6 +94,28 @@ def map_type_of(source: MapSpec) -> int | None:
         return None
     finally:
         os.close(fd)
+
+
+def inner_maps(fd: int, slots: int) -> list[tuple[int, int]]:
+    """``(slot, fd)`` for every filled slot of the map-in-map behind ``fd`` (an array of
+    ``slots`` maps), each fd new (the caller closes them); empty slots are skipped. A
+    map in a slot may go meanwhile (another process deleted it): skipped too."""
+    found: list[tuple[int, int]] = []
+    try:
+        for slot in range(slots):
+            try:
+                raw = lb.map_lookup(fd, slot.to_bytes(4, "little"))
+                inner = lb.map_fd_by_id(int.from_bytes(raw, "little"))
+            except LibbpfError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+                raise
+            found.append((slot, inner))
+    except BaseException:
+        for _, inner in found:
+            os.close(inner)
+        raise
+    return found
 
 
 def require_type(facts: lb.MapInfo, name: str, wanted: int, what: str) -> None:

@@ -14,6 +14,33 @@ import warnings
 from typing import Any
 
 DEFAULT_WAIT = 10.0  # seconds: a cluster elects a leader within a few
+CANNOT_RUN = 1
+"""Exit status of every command when it cannot run as things are: no server answers, no
+JetStream, no stream, no quorum, TLS the server does not offer."""
+BAD_ARGUMENTS = 2
+"""Exit status of every command when its command line is wrong (argparse's too): an option
+malformed or unreadable, options that do not go together, or credentials or permissions
+the NATS server refused."""
+
+# aperf.fleet's argument names (FleetConfigError.argument) and the options that set them.
+OPTIONS = {
+    "servers": "--nats",
+    "jetstream": "--jetstream",
+    "host": "--host",
+    "user": "--nats-user and --nats-password-file",
+    "password": "--nats-user and --nats-password-file",
+    "token": "--nats-token-file",
+    "creds": "--nats-creds",
+    "tls_ca": "--nats-ca",
+    "tls_cert": "--nats-cert and --nats-key",
+    "tls_key": "--nats-key",
+    "signing_key": "--nats-signing-key",
+    "host_keys": "--nats-host-keys",
+}  # allow_insecure: aperf.fleet's message names --nats-insecure itself
+CREDENTIALS = "--nats-user and --nats-password-file, --nats-token-file, or --nats-creds"
+# A FleetConfigError naming one of these is about what the command line gave: status 2.
+GIVEN = frozenset({"host", "user", "password", "token", "creds", "tls_ca", "tls_cert",
+                   "tls_key", "allow_insecure", "signing_key", "host_keys"})
 
 
 def secret_file(path: str) -> str:
@@ -26,6 +53,55 @@ def secret_file(path: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError(f"{path} is empty")
     return text
+
+
+def readable_file(path: str) -> str:
+    """A file option (``--nats-creds``, ``--nats-ca``, ...) that this process can read."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
+    return path
+
+
+def nats_urls(text: str) -> str:
+    """``--nats URL[,URL...]``, each URL checked as the sink and the reader will (without
+    nats-py, as given: the command then says what to install)."""
+    try:
+        from ..fleet._args import url_problem
+    except ImportError:
+        return text
+    for url in servers(text):
+        problem = url_problem(url)
+        if problem:
+            shown = url if len(url) <= 80 else url[:80] + "..."
+            raise argparse.ArgumentTypeError(f"{shown!r} is not a NATS URL: {problem}")
+    return text
+
+
+def failure(exc: Exception, *, options: dict[str, str] = OPTIONS) -> tuple[str, int]:
+    """What a command says, in one line, of an error of aperf.fleet (or of a ValueError or
+    TypeError: options that do not go together), and its exit status.
+
+    The line names the command-line option that fixes it (``options``: the command's own,
+    by aperf.fleet's argument name), not aperf.fleet's keyword; the status is
+    ``BAD_ARGUMENTS`` for what the command line gave (the server refused the credentials,
+    or the options name a file that does not serve), ``CANNOT_RUN`` for the rest.
+    """
+    argument = getattr(exc, "argument", None)
+    if not isinstance(argument, str):
+        return str(exc), BAD_ARGUMENTS
+    text = str(exc).removesuffix(f" (check {argument}=)")
+    from ..fleet import FleetAuthError
+
+    refused = isinstance(exc, FleetAuthError)
+    if refused and argument == "servers":  # none given, or user:password@ in the URL
+        return f"{text} (credentials go in {CREDENTIALS})", BAD_ARGUMENTS
+    given = argument.startswith("--")  # a command's own: FleetConfigError("--nats", ...)
+    option = argument if given else options.get(argument)
+    status = BAD_ARGUMENTS if refused or given or argument in GIVEN else CANNOT_RUN
+    return (f"{text} (check {option})" if option else text), status
 
 
 def positive_seconds(text: str) -> float:
@@ -53,17 +129,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a file holding the server's authorization token",
     )
     group.add_argument(
-        "--nats-creds", metavar="PATH", help="a NATS credentials file (user JWT and nkey seed)"
+        "--nats-creds", type=readable_file, metavar="PATH",
+        help="a NATS credentials file (user JWT and nkey seed)",
     )
     group.add_argument(
-        "--nats-ca", metavar="PATH",
+        "--nats-ca", type=readable_file, metavar="PATH",
         help="TLS: the CA certificate that signed the server's certificate (a tls:// URL "
         "without it trusts the system's CAs); given, TLS is required",
     )
     group.add_argument(
-        "--nats-cert", metavar="PATH", help="TLS: a client certificate (servers that verify)"
+        "--nats-cert", type=readable_file, metavar="PATH",
+        help="TLS: a client certificate (servers that verify)",
     )
-    group.add_argument("--nats-key", metavar="PATH", help="TLS: the client certificate's key")
+    group.add_argument("--nats-key", type=readable_file, metavar="PATH",
+                       help="TLS: the client certificate's key")
     group.add_argument(
         "--nats-tls-first", action="store_true",
         help="TLS: start TLS before the server's INFO (a server with handshake_first)",
@@ -77,6 +156,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long to wait at start for a NATS server, then for JetStream to serve "
         f"(a cluster electing a leader), each (default {DEFAULT_WAIT:g})",
     )
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options that do not go together, said by their names (status 2, as argparse does)."""
+    given = [name for name, value in (("--nats-user", args.nats_user),
+                                      ("--nats-token-file", args.nats_token),
+                                      ("--nats-creds", args.nats_creds)) if value is not None]
+    if len(given) > 1:
+        parser.error(f"give one of --nats-user, --nats-token-file or --nats-creds, not "
+                     f"{' and '.join(given)}")
+    if args.nats_password is not None and args.nats_user is None:
+        parser.error("--nats-password-file needs --nats-user")
+    if args.nats_key is not None and args.nats_cert is None:
+        parser.error("--nats-key needs --nats-cert")
 
 
 def servers(text: str) -> list[str]:

@@ -5,14 +5,21 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import threading
 from collections.abc import Iterable
 
 
 class EpollWaiter:
-    """Ring fds in an epoll set, with an eventfd in that set for ``interrupt()``."""
+    """Ring fds in an epoll set, with an eventfd in that set for ``interrupt()``.
+
+    ``interrupt()`` may come from any thread, also while another one closes the
+    waiter (two ``PerfBuffer.close()`` calls at once): the eventfd is given up under a
+    lock before it is closed, so an interrupt never writes into a closed fd, whose
+    number may already be another file's."""
 
     def __init__(self, fds: Iterable[int]) -> None:
         self.wake_fd = -1
+        self._wake_lock = threading.Lock()
         self.epoll = select.epoll()
         try:
             for fd in fds:
@@ -42,11 +49,13 @@ class EpollWaiter:
             self.epoll.unregister(handle)
 
     def interrupt(self) -> None:
-        if self.wake_fd >= 0:
-            os.eventfd_write(self.wake_fd, 1)
+        with self._wake_lock:
+            if self.wake_fd >= 0:
+                os.eventfd_write(self.wake_fd, 1)
 
     def close(self) -> None:
         self.epoll.close()
-        if self.wake_fd >= 0:
-            os.close(self.wake_fd)
-            self.wake_fd = -1
+        with self._wake_lock:
+            fd, self.wake_fd = self.wake_fd, -1
+        if fd >= 0:
+            os.close(fd)

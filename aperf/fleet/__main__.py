@@ -1,7 +1,9 @@
 """``python -m aperf.fleet create-stream --nats URL``: make the JetStream stream a fleet uses.
+``python -m aperf.fleet keygen --host NAME --key PATH``: a host's signing key.
 
-Exit status: 0 done, 1 the server could not do it (not there, no JetStream, no
-quorum, refused the change), 2 bad options or credentials the server refused.
+Exit status, as every aperf command's: 0 done, 1 it cannot run (no server answers, no
+JetStream, no quorum, the server refused the change), 2 bad options (also credentials or
+files the server refused). An error is one line naming the option that fixes it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._tools.nats_options import add_arguments, keywords, one_line_warnings, quiet_tls_eof, servers
+from .._tools.nats_options import (
+    add_arguments,
+    check,
+    failure,
+    keywords,
+    nats_urls,
+    one_line_warnings,
+    quiet_tls_eof,
+    servers,
+)
 from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, KEEP, create_stream
-from ._errors import FleetAuthError, FleetConfigError
+from ._errors import FleetConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stream's value (a new stream gets the defaults shown).",
     )
     create.add_argument(
-        "--nats", required=True, metavar="URL[,URL...]",
+        "--nats", required=True, type=nats_urls, metavar="URL[,URL...]",
         help="the NATS server (several, comma-separated: nodes of a cluster)",
     )
     create.add_argument("--jetstream", default=DEFAULT_JETSTREAM, metavar="NAME")
@@ -52,7 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(new stream: 1)",
     )
     add_arguments(create)
+    keygen = commands.add_parser(
+        "keygen", help="make a host's Ed25519 signing key (JetStreamSink(signing_key=...))",
+        description="Write a new Ed25519 private key to --key (PEM, mode 0600; an existing "
+        "file is never overwritten) and print the line readers add to their hosts file "
+        "(FleetReader(host_keys=PATH), fleet_view --nats-host-keys PATH).",
+    )
+    keygen.add_argument("--host", required=True, metavar="NAME",
+                        help="the host name the sink publishes as (its --host)")
+    keygen.add_argument("--key", required=True, metavar="PATH", help="where to write the key")
     args = parser.parse_args(argv)
+    if args.command == "keygen":
+        return _keygen(args.host, args.key)
+    check(create, args)
     quiet_tls_eof()
     one_line_warnings("aperf.fleet")
     given = {
@@ -67,18 +90,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = asyncio.run(
             create_stream(servers(args.nats), jetstream=args.jetstream, **changes, **keywords(args))
         )
-    except FleetConfigError as exc:
-        print(f"aperf.fleet: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, FleetAuthError) else 1
-    except (ValueError, TypeError) as exc:  # options that do not go together
-        print(f"aperf.fleet: {exc}", file=sys.stderr)
-        return 2
+    except (FleetConfigError, ValueError, TypeError) as exc:  # also options that do not fit
+        line, status = failure(exc)
+        print(f"aperf.fleet: {line}", file=sys.stderr)
+        return status
     config = info.config
     limit = f"{config.max_bytes} bytes" if config.max_bytes and config.max_bytes > 0 else "no"
     print(
         f"stream {config.name} takes {', '.join(config.subjects or [])}: "
         f"{config.num_replicas} replica(s), {limit} limit", file=sys.stderr,
     )
+    return 0
+
+
+def _keygen(host: str, path: str) -> int:
+    from ._args import name_problem
+    from ._signing import new_key, public_line, write_key
+
+    problem = name_problem(host)
+    if problem:
+        print(f"aperf.fleet: --host: the host name {problem}", file=sys.stderr)
+        return 2
+    key = new_key()
+    try:
+        write_key(key, path)
+    except OSError as exc:
+        print(f"aperf.fleet: --key: cannot create {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(public_line(host, key))
     return 0
 
 

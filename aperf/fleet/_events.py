@@ -83,7 +83,14 @@ class SinkStatistics:
 
 @dataclass(frozen=True)
 class ReaderStatistics:
-    """A snapshot of a [`FleetReader`][aperf.fleet.FleetReader]'s counters since it opened."""
+    """A snapshot of a [`FleetReader`][aperf.fleet.FleetReader]'s counters since it opened.
+
+    ``short``: samples refused as shorter than their decoder's size (also in ``bad``;
+    announced by one notice per message). ``evicted``: runs and ranges of runs the
+    reader stopped tracking at its limits (each announced). ``sources``: the sink runs
+    (host, stream, run id) it has seen. ``lost``, ``gap_samples`` and ``gap_lost`` add
+    up what hosts claim: each stops at 2^63-1.
+    """
 
     messages: int
     samples: int
@@ -97,3 +104,5 @@ class ReaderStatistics:
     sources: int
     refused: int = 0
     conflicts: int = 0
+    short: int = 0
+    evicted: int = 0

@@ -1,32 +1,33 @@
 """The fleet reader: one async stream of every host's events, from a durable JetStream consumer.
 
-It pulls messages in batches, parses them, decodes samples with the decoder a
-local ``PerfStream`` would use, and hands out ``FleetEvent``
-tuples. A message is acknowledged once its last event has been handed out and
-the consumer came back for the next one (or closed the reader): what a reader
-stops in the middle of is redelivered to the next reader of the durable consumer.
+The driver of ``_intake.py``: it pulls messages in fetches, hands them to the intake
+one at a time, hands out the events the intake builds, and acknowledges a message
+once its last event has been handed out and the consumer came back for the next
+one (or closed the reader): what a reader stops in the middle of is redelivered to
+the next reader of the durable consumer.
 
-Sequence numbers make it exact: duplicates (redeliveries, retries stored twice)
-are dropped, and holes that can no longer fill are handed out as ``Gap``
-events with the samples and lost counts they held (see ``_gaps.py``).
+Its memory is bounded whatever the messages claim: a fetch asks for fewer messages
+while they are large (``max_fetch_bytes``), the next fetch waits until the last one
+is handed out, and events are built a chunk at a time (``_intake.py``). Iterating
+is cancellation-safe: the fetch runs in a task of the reader's own and what it
+brings is kept on the reader, so a cancelled or timed-out ``anext()`` loses
+nothing and the same iterator goes on (as aperf's streams do, ``_Items`` in
+``aperf/_stream.py``).
 
-Every message is untrusted (anyone allowed on the subjects can publish): one
-that does not parse, whose names disagree with its subject, or that fails its
-run's chain of tags is acknowledged, counted and announced as a ``Malformed``
-notice in the stream, never raised and never left to block the consumer. The gap
-report assumes one reader per durable consumer; readers sharing one durable
-each see only their share of the messages.
+A ``Gap`` is said only for what is really gone: before holes are settled, the
+reader asks the consumer whether every message it delivered and not yet had
+acknowledged is in this reader's hands (``num_ack_pending``); a message delivered
+and lost on the way (the reader's server died) is redelivered after ``ack_wait``
+and may still fill the hole.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
-from itertools import repeat as _repeat
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import nats.errors
 import nats.js.errors
@@ -35,12 +36,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from .._decoding.decode import SizedDecoder
-from .._errors import DecodeError
-from .._events import BadSample, Sample
 from .._log import log
 from ._args import check_int, check_name, check_seconds
-from ._clock import BOOT_OFFSET_HEADER, parse_boot_offset
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
@@ -53,34 +50,24 @@ from ._connect import (
     server_list,
     stream_info,
 )
-from ._errors import FleetClosedError, FleetConfigError, FrameError
-from ._events import FleetEvent, Gap, Malformed, ReaderStatistics
-from ._gaps import Hole, SourceTrack, Verdict
-from ._wire import BAD, DROPPED, END, SAMPLES, Frame, parse, subject_token
+from ._errors import FleetClosedError, FleetConfigError
+from ._events import FleetEvent, ReaderStatistics
+from ._intake import Decoder, DecoderChoice, Delivery, Intake
+from ._signing import load_host_keys
 
-Decoder = Callable[[bytes], Any]
-DecoderChoice = Decoder | Mapping[str, Decoder | None] | None
-_Key = tuple[str, str, int]  # host, stream, epoch
-_Which = tuple[Any, ...]  # (key, first, tag) of a message, or ("notice", stream sequence)
-_Done = tuple[Msg, _Which]  # a message, and which one, once its events are out
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+__all__ = ["Decoder", "DecoderChoice", "FleetReader"]
+
 _RETRY_PAUSE = 0.2  # seconds between fetches while the server is away
-_NEVER = 1 << 62
-_tuple_new = tuple.__new__
+_SETTLE_EVERY = 1.0  # seconds between two questions to the consumer about holes
+DEFAULT_FETCH_BYTES = 8 << 20
+T = TypeVar("T")
 
 
-@dataclass
-class _Counts:
-    messages: int = 0
-    samples: int = 0
-    lost: int = 0
-    bad: int = 0
-    gaps: int = 0
-    gap_samples: int = 0
-    gap_lost: int = 0
-    duplicates: int = 0
-    malformed: int = 0
-    refused: int = 0
-    conflicts: int = 0
+def _nothing(_: Any) -> None:
+    pass
 
 
 class FleetReader:
@@ -95,16 +82,29 @@ class FleetReader:
     ```
 
     ``decoder`` decodes the samples of every stream, or maps stream names to
-    decoders (a missing name: raw bytes, ``value`` None). ``durable`` names the
-    consumer (created on first use with ``ack_wait`` and ``max_ack_pending``, kept
-    by JetStream across restarts of the reader and the server). ``subject`` filters
-    (default ``<subject_prefix>.>``, every host and stream); ``batch`` is the most
-    messages per fetch.
+    decoders (a missing name: raw bytes, ``value`` None); samples shorter than a
+    decoder's ``size`` (the ``aperf.decoders`` have one) are refused with one
+    [`Malformed`][aperf.fleet.Malformed] notice per message, counted in
+    ``statistics().short``. ``durable`` names the consumer (created on first use with
+    ``ack_wait`` and ``max_ack_pending``, kept by JetStream across restarts of the
+    reader and the server). ``subject`` filters (default ``<subject_prefix>.>``,
+    every host and stream); ``batch`` is the most messages per fetch, and
+    ``max_fetch_bytes`` about the most bytes of them (fewer messages while they are
+    large; at least one).
 
     A message the reader cannot use or refuses (not aperf's, a payload whose host or
-    stream disagrees with its subject, a forgery its sink run's chain of tags shows)
-    is yielded as a [`Malformed`][aperf.fleet.Malformed] notice, counted, and
-    acknowledged: it never raises out of ``async for`` and never blocks the consumer.
+    stream disagrees with its subject, a forgery its sink run's chain of tags shows,
+    one not signed by its host's key) is yielded as a
+    [`Malformed`][aperf.fleet.Malformed] notice, counted, and acknowledged: it never
+    raises out of ``async for`` and never blocks the consumer.
+
+    ``host_keys`` makes the hosts' messages authentic end to end: a mapping of host
+    names to Ed25519 public keys (``cryptography``'s ``Ed25519PublicKey``, or their
+    32 bytes), or the path of a hosts file (``<host> ssh-ed25519 <base64>`` lines, as
+    ``python -m aperf.fleet keygen`` prints them). Then every message must be signed
+    with its host's key (``JetStreamSink(signing_key=...)``); anything else is
+    refused. Without it, the NATS subject permission is the only authentication
+    (docs/fleet.md, "What a reader can trust").
 
     ``user``, ``password``, ``token``, ``creds``, the ``tls_*`` files,
     ``tls_handshake_first``, ``allow_insecure``, ``connect_timeout`` and
@@ -141,12 +141,15 @@ class FleetReader:
         ready_timeout: float = 10.0,
         tls_handshake_first: bool = False,
         allow_insecure: bool = False,
+        host_keys: Mapping[str, Ed25519PublicKey | bytes] | Path | None = None,
+        max_fetch_bytes: int = DEFAULT_FETCH_BYTES,
     ) -> None:
         self._servers = server_list(servers)
         check_name("jetstream", jetstream)
         check_name("durable", durable)
         self._max_ack_pending = check_int("max_ack_pending", max_ack_pending, 1, 1 << 20)
         self._batch = check_int("batch", batch, 1, max_ack_pending)
+        self._max_fetch_bytes = check_int("max_fetch_bytes", max_fetch_bytes, 1, 1 << 40)
         self._fetch_timeout = check_seconds("fetch_timeout", fetch_timeout)
         self._ack_wait = check_seconds("ack_wait", ack_wait)
         self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
@@ -158,8 +161,6 @@ class FleetReader:
         self._jetstream = jetstream
         self._durable = durable
         self._subject = subject or f"{subject_prefix}.>"
-        self._prefix = subject_prefix
-        self._decoder = decoder
         self._connect_options = dict(connect_options or {})
         self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
         self._auth = credentials(
@@ -167,27 +168,24 @@ class FleetReader:
             tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
             tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
         )
+        keys = None if host_keys is None else load_host_keys(host_keys)
+        self._intake = Intake(prefix=subject_prefix, decoder=decoder, host_keys=keys)
         self._refusals = Refusals()
         self._nc: Client | None = None
         self._psub: JetStreamContext.PullSubscription | None = None
-        self._sources: dict[_Key, SourceTrack] = {}
-        self._subjects: dict[tuple[str, str], str] = {}  # the subject of (host, stream)
-        # Events built and not yet handed out. The last event of a message carries
-        # the message, to be acknowledged when the consumer is done with the event.
-        self._held: deque[FleetEvent] = deque()
-        # Where each held message ends, counted in events ever queued, so a message is
-        # known done when that many events have been handed out.
-        self._ends: deque[tuple[int, _Done]] = deque()
-        self._queued = 0
-        self._handed = 0
-        self._next_end = _NEVER
-        self._held_messages: set[_Which] = set()
-        self._to_ack: list[_Done] = []
+        self._fetched: deque[Msg] = deque()  # fetched, not yet given to the intake
+        # The reader's own task, one at a time: acknowledgements to send, a fetch, or a
+        # question to the consumer about holes. Every wait on the network is in it, so a
+        # consumer's cancelled anext() cancels only its wait for the task (nats-py's
+        # requests wait with wait_for, which can swallow a cancellation).
+        self._task: asyncio.Task[Any] | None = None
+        self._task_done: Callable[[Any], None] = _nothing
+        self._fetch_n = 1  # messages per fetch: batch, fewer while they are large
+        self._unacked = 0  # messages received and not acknowledged
+        self._to_ack: deque[Msg] = deque()
+        self._asked_at = -1e9  # when the consumer was last asked about holes
         self._closed = False
-        self._boot_offsets: dict[str, int] = {}  # host -> its sinks' latest offset
-        self._n = _Counts()
         self._last_problem = ""
-        self._first_seq, self._first_seq_at = 0, -1e9  # the stream's oldest message, when
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -229,6 +227,8 @@ class FleetReader:
             await nc.close()
             raise
         self._nc = nc
+        # Until their sizes are seen, as many messages as fit if each were the largest.
+        self._fetch_n = max(1, min(self._batch, self._max_fetch_bytes // max(nc.max_payload, 1)))
         log.info(
             "fleet reader opened", jetstream=self._jetstream, durable=self._durable,
             subject=self._subject,
@@ -251,35 +251,31 @@ class FleetReader:
         if nc is None:
             return
         try:
-            await self._ack_done()
+            # Messages fetched that give no event (an end of stream, a duplicate) are
+            # done with too; the first that gives events stops it, unacknowledged.
+            while self._fetched and not self._intake.busy:
+                self._accept(self._fetched.popleft())
+            task = self._task
+            if task is not None:
+                if self._task_done is not _nothing:  # a fetch (what it was bringing is
+                    task.cancel()  # redelivered) or a question: only acks are waited for
+                await asyncio.wait((task,))
+            self._to_ack.extend(self._intake.released())
+            await self._send_acks()
         finally:
+            if self._task is not None:
+                self._task.cancel()
             await nc.close()
-        log.info("fleet reader closed", durable=self._durable, messages=self._n.messages)
+        log.info("fleet reader closed", durable=self._durable,
+                 messages=self._intake.counts.messages)
 
     # --- iterating ---------------------------------------------------------------------
 
-    def __aiter__(self) -> AsyncIterator[FleetEvent]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[FleetEvent]:
-        # The held events live on the reader, not in this generator: a consumer that
-        # breaks out of its loop continues where it stopped with the next loop.
+    def __aiter__(self) -> _Events[FleetEvent]:
         self._require_open()
-        held = self._held
-        while True:
-            if self._to_ack:
-                await self._ack_done()
-            if held:
-                self._handed += 1
-                if self._handed >= self._next_end:
-                    self._settle_ends()
-                yield held.popleft()
-                continue
-            if self._closed:
-                return
-            await self._fill()
+        return _Events(self, 1, False)
 
-    async def batches(self, max_items: int = 1024) -> AsyncIterator[list[FleetEvent]]:
+    def batches(self, max_items: int = 1024) -> _Events[list[FleetEvent]]:
         """Yield lists of up to ``max_items`` events, in order, without a per-item await.
 
         Acknowledgement works as for ``async for``: a message is acknowledged when the
@@ -287,252 +283,146 @@ class FleetReader:
         """
         check_int("max_items", max_items, 1, 1 << 30)
         self._require_open()
-        held = self._held
-        while True:
-            if self._to_ack:
-                await self._ack_done()
-            if held:
-                n = min(len(held), max_items)
-                batch = [held.popleft() for _ in range(n)]
-                self._handed += n
-                if self._handed >= self._next_end:
-                    self._settle_ends()
-                yield batch
-                continue
-            if self._closed:
-                return
-            await self._fill()
+        return _Events(self, max_items, True)
 
     def _require_open(self) -> None:
         if self._psub is None:
             raise FleetClosedError("open the FleetReader first (async with, or await open())")
 
-    def _settle_ends(self) -> None:
-        """Messages whose last event is now handed out: acknowledged at the next step."""
-        ends = self._ends
-        while ends and ends[0][0] <= self._handed:
-            self._to_ack.append(ends.popleft()[1])
-        self._next_end = ends[0][0] if ends else _NEVER
+    async def _step(self, n: int) -> list[FleetEvent] | None:
+        """Up to ``n`` events; None once closed with nothing left. The only await is on
+        the reader's own task: a cancelled caller leaves it running, and the next call
+        takes what it did, so nothing fetched is lost and no cancellation swallowed."""
+        intake = self._intake
+        while True:
+            to_ack = self._to_ack
+            to_ack.extend(intake.released())  # the consumer came back: done with those
+            if to_ack and self._task is None:
+                self._start(self._send_acks(), _nothing)  # sent while events are handed out
+            events = intake.hand(n)
+            if events:
+                return events
+            if self._task is not None:
+                await self._wait_for_task()
+            elif self._fetched:
+                self._accept(self._fetched.popleft())
+            elif self._closed:
+                return None
+            elif intake.unsettled() and self._may_ask():
+                self._start(self._ask(), self._asked)
+            else:
+                self._start(self._fetch_once(self._fetch_n), self._took)
 
-    async def _ack_done(self) -> None:
-        done, self._to_ack = self._to_ack, []
-        for msg, which in done:
-            self._held_messages.discard(which)
+    def _start(self, work: Coroutine[Any, Any, Any], done: Callable[[Any], None]) -> None:
+        self._task = asyncio.ensure_future(work)
+        self._task_done = done
+
+    async def _wait_for_task(self) -> None:
+        task = self._task
+        assert task is not None
+        await asyncio.wait((task,))
+        self._task, done = None, self._task_done
+        if not task.cancelled():
+            done(task.result())  # (its exception, if any, raised here)
+
+    def _accept(self, msg: Msg) -> None:
+        try:
+            meta = msg.metadata
+            seq, delivered = meta.sequence.stream, meta.num_delivered
+        except (nats.errors.Error, ValueError, IndexError, TypeError):  # not from JetStream
+            seq, delivered = 0, 1
+        self._intake.accept(Delivery(msg.subject, msg.data, msg.headers, seq, delivered, msg))
+
+    async def _send_acks(self) -> None:
+        to_ack = self._to_ack
+        while to_ack:
             try:
-                await msg.ack()
-            except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError):
+                await to_ack[0].ack()
+            except (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError,
+                    nats.errors.MsgAlreadyAckdError):
                 # Not acknowledged: JetStream redelivers it after ack_wait, and this
                 # reader (if still running) drops the copy as a duplicate.
                 log.debug("fleet reader: ack not sent", durable=self._durable)
+            to_ack.popleft()
+            self._unacked -= 1
 
-    async def _fill(self) -> None:
+    def _took(self, msgs: list[Msg]) -> None:
+        """Keep what a fetch brought; fetch fewer messages next time if they are large."""
+        if msgs:
+            self._unacked += len(msgs)
+            self._fetched.extend(msgs)
+            size = sum(len(m.data) for m in msgs) // len(msgs) + 1
+            self._fetch_n = max(1, min(self._batch, self._max_fetch_bytes // size))
+
+    async def _fetch_once(self, n: int) -> list[Msg]:
         psub = self._psub
         assert psub is not None
         try:
-            msgs = await psub.fetch(self._batch, timeout=self._fetch_timeout)
+            return await psub.fetch(n, timeout=self._fetch_timeout)
         except nats.errors.TimeoutError:
             # Nothing new (or the server is away; the client reconnects), unless the
             # server refused the fetch or an acknowledgement: that lasts.
             self._refusals.check("servers")
-            return
+            return []
         except nats.errors.ConnectionClosedError:
             if self._closed:
-                return
+                return []
             raise FleetClosedError("the NATS connection of the fleet reader closed") from None
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             if self._closed:
-                return
-            self._note_problem(exc)
+                return []
+            self._note_problem(exc, "fetch failed, retrying")
             await asyncio.sleep(_RETRY_PAUSE)
-            return
-        for msg in msgs:
-            await self._accept(msg)
+            return []
 
-    async def _accept(self, msg: Msg) -> None:
-        # Every message is untrusted: whatever any NATS user may publish on the
-        # subjects reaches this point. What cannot be used is acknowledged (once its
-        # notice is handed out), counted and announced, never raised.
-        self._n.messages += 1
+    def _may_ask(self) -> bool:
+        """At most one question to the consumer about holes a ``_SETTLE_EVERY``."""
+        now = asyncio.get_running_loop().time()
+        if now - self._asked_at < _SETTLE_EVERY:
+            return False
+        self._asked_at = now
+        return True
+
+    async def _ask(self) -> tuple[int, int | None] | None:
+        """How many messages the consumer delivered and has not had acknowledged, and the
+        stream's first sequence if the intake needs it; None if it did not answer."""
+        nc = self._nc
+        assert nc is not None
+        js = nc.jetstream()
         try:
-            meta = msg.metadata
-            seq, redelivered = meta.sequence.stream, meta.num_delivered > 1
-        except (nats.errors.Error, ValueError, IndexError):  # not a JetStream delivery
-            seq, redelivered = 0, False
-        try:
-            frame = parse(msg.data)
-        except FrameError as exc:
-            self._n.malformed += 1
-            self._notice(msg, seq, str(exc))
+            await nc.flush(timeout=max(1, int(self._fetch_timeout)))  # the acks first
+            info = await js.consumer_info(self._jetstream, self._durable)
+            first_seq = None
+            if self._intake.wants_stream_state():
+                first_seq = (await js.stream_info(self._jetstream)).state.first_seq
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            self._note_problem(exc, "cannot ask the consumer about holes, retrying")
+            return None
+        return info.num_ack_pending or 0, first_seq
+
+    def _asked(self, answer: tuple[int, int | None] | None) -> None:
+        """Let the intake report its holes if no message the consumer delivered is on its
+        way to this reader."""
+        if answer is None:
             return
-        names = (frame.host, frame.stream)
-        subject = self._subjects.get(names)
-        if subject is None:
-            subject = f"{self._prefix}.{subject_token(names[0])}.{subject_token(names[1])}"
-            if len(self._subjects) < 1 << 16:  # (names the payloads claim: bounded)
-                self._subjects[names] = subject
-        if msg.subject != subject:
-            self._n.refused += 1
-            self._notice(msg, seq, f"it claims host {frame.host!r} and stream {frame.stream!r}, "
-                         f"whose subject is {subject!r}")
+        ack_pending, first_seq = answer
+        in_flight = ack_pending - self._unacked  # (no ack or fetch ran meanwhile)
+        if in_flight > 0:
+            # Delivered and not in this reader's hands: lost on the way (redelivered
+            # after ack_wait), in flight, or held by another reader of the durable.
+            log.debug("fleet reader: holes wait for messages on their way",
+                      durable=self._durable, in_flight=in_flight)
             return
-        offset = parse_boot_offset(msg.headers.get(BOOT_OFFSET_HEADER) if msg.headers else None)
-        if offset is not None:
-            self._boot_offsets[frame.host] = offset
-        key = (frame.host, frame.stream, frame.epoch)
-        track = self._sources.get(key)
-        if track is None:
-            track = self._sources[key] = SourceTrack()
-        if frame.kind == END:
-            if track.floor is not None and not track.checked(frame.first) and \
-                    await self._limits_removed(track):
-                track.anchor(frame.first)
-            holes = track.end(
-                frame.first, frame.samples_before, frame.lost_before, frame.tag, seq
-            )
-            if holes is None:
-                self._n.refused += 1
-                self._notice(msg, seq, f"an end of stream at {frame.first} that its run's "
-                             "chain of tags or the events already seen contradict")
-                return
-            self._hand_gaps(frame, holes)
-            await msg.ack()
-            return
-        lost = frame.lost
-        held = frame.samples
-        if frame.kind == DROPPED:  # the sink gave these up: a Gap, with what they held
-            held, lost = frame.events[0].samples, frame.events[0].lost
-        verdict = track.add(
-            frame.first, frame.count, frame.samples_before, frame.lost_before, held,
-            lost, frame.tag, frame.next, seq, redelivered,
-        )
-        for exposed in track.exposed:
-            self._n.conflicts += 1
-            last = exposed.first + exposed.count - 1
-            self._notice(None, exposed.origin, f"events {exposed.first}..{last} of run "
-                         f"{frame.epoch:016x}, handed out earlier, were forged: the run's "
-                         "chain of tags leads elsewhere", subject)
-        which = (key, frame.first, frame.tag)
-        if verdict is Verdict.DUPLICATE:
-            self._n.duplicates += 1
-            if which not in self._held_messages:
-                await msg.ack()  # else the first copy is acknowledged when handed out
-            return
-        if verdict is Verdict.FORGED:
-            self._n.refused += 1
-            self._notice(msg, seq, f"events from {frame.first} of run {frame.epoch:016x} that "
-                         "do not follow the run's chain of tags: forged")
-            return
-        if track.would_settle(frame.watermark) and not track.checked(frame.first) and \
-                await self._limits_removed(track):
-            track.anchor(frame.first)  # a hole JetStream's limits made: nothing to check by
-        if track.checked(frame.first):  # a forger's watermark would hide what comes later
-            self._hand_gaps(frame, track.holes_below(frame.watermark))
-        if frame.kind == DROPPED:
-            self._hand_gaps(frame, [Hole(frame.first, frame.count, held, lost)])
-        else:
-            self._n.samples += frame.samples
-            self._n.lost += lost
-            self._hold(frame, self._build(frame))
-        if verdict is Verdict.CONFLICT:
-            self._n.conflicts += 1
-            last = frame.first + frame.count - 1
-            self._notice(None, seq, f"events {frame.first}..{last} of run {frame.epoch:016x}, "
-                         "just handed out, overlap events another message claimed: one of "
-                         "the two is forged", subject)
-        self._held_messages.add(which)
-        self._end_at(msg, which)
-
-    async def _limits_removed(self, track: SourceTrack) -> bool:
-        """Whether JetStream removed messages stored after this source's last checked
-        one: only then may a hole below an unchecked message be one the stream's limits
-        made, and its watermark be trusted. Asked at most once a second."""
-        loop = asyncio.get_running_loop()
-        if loop.time() - self._first_seq_at > 1.0:
-            assert self._nc is not None
-            try:
-                info = await self._nc.jetstream().stream_info(self._jetstream)
-            except (nats.errors.Error, asyncio.TimeoutError):
-                return False  # asked again with the next message that needs it
-            self._first_seq, self._first_seq_at = info.state.first_seq, loop.time()
-        return self._first_seq > track.last_checked + 1
-
-    def _end_at(self, msg: Msg, which: _Which) -> None:
-        """``msg`` is acknowledged once the events held so far are handed out."""
-        self._ends.append((self._queued, (msg, which)))
-        if len(self._ends) == 1:
-            self._next_end = self._queued
-
-    def _notice(self, msg: Msg | None, seq: int, reason: str, subject: str | None = None) -> None:
-        """Hold a Malformed notice; ``msg`` is acknowledged once it is handed out."""
-        subject = msg.subject if msg is not None else subject or ""
-        log.debug("fleet reader: message not used", subject=subject, stream_sequence=seq,
-                  reason=reason)
-        host, stream = "", ""
-        if subject.startswith(self._prefix + "."):
-            tokens = subject[len(self._prefix) + 1 :].split(".")
-            if len(tokens) == 2:
-                host, stream = tokens
-        self._held.append(FleetEvent(host, stream, Malformed(subject, seq, reason)))
-        self._queued += 1
-        if msg is not None:
-            self._end_at(msg, ("notice", seq, id(msg)))
-
-    def _hold(self, frame: Frame, events: list[Any]) -> None:
-        # FleetEvents built at C speed: tuple.__new__ skips the named tuple's Python __new__.
-        rows = zip(_repeat(frame.host), _repeat(frame.stream), events)
-        self._held.extend(map(_tuple_new, _repeat(FleetEvent), rows))
-        self._queued += len(events)
-
-    def _hand_gaps(self, frame: Frame, holes: list[Hole]) -> None:
-        for hole in holes:
-            self._n.gaps += 1
-            self._n.gap_samples += hole.samples
-            self._n.gap_lost += hole.lost
-        self._hold(frame, [Gap(*hole) for hole in holes])
-
-    def _build(self, frame: Frame) -> list[Any]:
-        if frame.kind != SAMPLES:
-            self._n.bad += frame.kind == BAD
-            return frame.events
-        decoder = self._decoder_for(frame.stream)
-        cpus, datas = frame.cpus, frame.datas
-        if decoder is None:
-            return list(map(_tuple_new, _repeat(Sample), zip(cpus, datas, _repeat(None))))
-        if isinstance(decoder, SizedDecoder) and min(map(len, datas)) >= decoder.size:
-            try:
-                values = decoder.decode_many(datas)
-            except Exception:
-                pass  # one of them does not decode: find which, one by one
-            else:
-                rows = zip(cpus, datas, values, strict=True)
-                return list(map(_tuple_new, _repeat(Sample), rows))
-        events: list[Any] = []
-        for cpu, data in zip(cpus, datas, strict=True):
-            try:
-                events.append(Sample(cpu, data, decoder(data)))
-            except Exception as exc:
-                self._n.bad += 1
-                error = exc if isinstance(exc, DecodeError) else DecodeError(cpu, data, str(exc))
-                # Without its traceback (the decoder's frames, most of its cost): a
-                # message of tiny samples that all fail costs a few times its size.
-                events.append(BadSample(cpu, data, error.with_traceback(None)))
-        return events
-
-    def _decoder_for(self, stream: str) -> Decoder | None:
-        decoder = self._decoder
-        if isinstance(decoder, Mapping):
-            return decoder.get(stream)
-        return decoder
+        self._intake.settle(first_seq)
 
     def _on_error(self, exc: Exception) -> None:
         log.debug("fleet reader: NATS error", durable=self._durable, error=str(exc))
 
-    def _note_problem(self, exc: BaseException) -> None:
+    def _note_problem(self, exc: BaseException, what: str) -> None:
         text = f"{type(exc).__name__}: {exc}"
         if text != self._last_problem:  # once per kind of trouble, not once per retry
             self._last_problem = text
-            log.warning("fleet reader: fetch failed, retrying", durable=self._durable,
-                        error=text)
+            log.warning(f"fleet reader: {what}", durable=self._durable, error=text)
 
     # --- introspection -----------------------------------------------------------------
 
@@ -544,13 +434,35 @@ class FleetReader:
         is the event's wall-clock time, in ns since the epoch: each host boots at its
         own time, so a reader cannot use its own clock for another host's events.
         Exact to the hosts' clock sync; every [`JetStreamSink`][aperf.fleet.JetStreamSink]
-        sends it (taken when the sink opens).
+        sends it (taken when the sink opens). Only messages the reader accepted set it
+        (with ``host_keys``, signed ones): a host can claim any offset for itself, none
+        for another.
         """
-        return self._boot_offsets.get(host)
+        return self._intake.boot_offset_ns(host)
 
     def statistics(self) -> ReaderStatistics:
         """Messages, samples, lost counts, bad samples, gaps, duplicates, and the messages
         malformed, refused or conflicting, seen so far."""
-        return ReaderStatistics(**dataclasses.asdict(self._n), sources=len(self._sources))
+        return ReaderStatistics(**asdict(self._intake.counts))
 
 
+class _Events(Generic[T]):
+    """What ``async for`` over a reader and ``batches()`` iterate: one class, not an
+    async generator, so that a cancelled or timed-out ``anext()`` does not end it
+    (everything waits on the reader: the same iterator goes on where it stopped)."""
+
+    __slots__ = ("_lists", "_n", "_reader")
+
+    def __init__(self, reader: FleetReader, n: int, lists: bool) -> None:
+        self._reader = reader
+        self._n = n
+        self._lists = lists
+
+    def __aiter__(self) -> _Events[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        events = await self._reader._step(self._n)
+        if events is None:
+            raise StopAsyncIteration
+        return cast(T, events if self._lists else events[0])

@@ -32,7 +32,7 @@ import types
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 from nats.aio.client import Client
@@ -54,7 +54,11 @@ from ._connect import (
 )
 from ._errors import FleetAuthError, FleetClosedError, FleetConfigError
 from ._events import SinkStatistics
+from ._signing import SIGNATURE_HEADER, KeyPath, load_signing_key, sign
 from ._wire import BAD, MIN_MESSAGE_BYTES, Framer, Outgoing, subject_token
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DEFAULT_BATCH = 256
 DEFAULT_WINDOW = 32
@@ -83,10 +87,11 @@ class BatchSource(Protocol):
 class _Pending:
     """A published message waiting for JetStream's acknowledgement."""
 
-    __slots__ = ("attempts", "connection", "deadline", "out")
+    __slots__ = ("attempts", "connection", "deadline", "headers", "out")
 
-    def __init__(self, out: Outgoing) -> None:
+    def __init__(self, out: Outgoing, headers: dict[str, str]) -> None:
         self.out = out
+        self.headers = headers  # the same for every attempt
         self.attempts = 0
         self.deadline = 0.0
         self.connection = 0  # the connection it was last published on
@@ -157,6 +162,7 @@ class JetStreamSink:
         ready_timeout: float = 10.0,
         tls_handshake_first: bool = False,
         allow_insecure: bool = False,
+        signing_key: Ed25519PrivateKey | KeyPath | None = None,
     ) -> None:
         self._servers = server_list(servers)
         self._host = host if host is not None else socket.gethostname()
@@ -181,6 +187,7 @@ class JetStreamSink:
             tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
             tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
         )
+        self._signing_key = None if signing_key is None else load_signing_key(signing_key)
         self._refusals = Refusals()
         tokens = f"{subject_token(self._host)}.{subject_token(name)}"
         self._subject = f"{subject_prefix}.{tokens}"
@@ -312,10 +319,11 @@ class JetStreamSink:
 
     async def _publish_end(self, nc: Client, framer: Framer, timeout: float) -> None:
         msg_id = f"{self._id_prefix}end.{framer.tag(framer.next_seq).hex()}"
+        payload = framer.end()
         try:
             await nc.request(
-                self._subject, framer.end(), timeout=min(timeout, self._ack_timeout),
-                headers={"Nats-Msg-Id": msg_id},
+                self._subject, payload, timeout=min(timeout, self._ack_timeout),
+                headers=self._signed({"Nats-Msg-Id": msg_id}, payload),
             )
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             # Readers then lack only the final watermark: holes at the very end of
@@ -345,7 +353,9 @@ class JetStreamSink:
         try:
             for out in outs:
                 await self._room()
-                pending = _Pending(out)
+                headers = {"Nats-Msg-Id": f"{self._id_prefix}{out.first}.{out.tag.hex()}",
+                           **self._headers}
+                pending = _Pending(out, self._signed(headers, out.payload))
                 self._inflight[out.first] = pending
                 self._inflight_bytes += len(out.payload)
                 self._n.published += 1
@@ -371,6 +381,14 @@ class JetStreamSink:
             if self._closed:
                 raise FleetClosedError("the sink was closed with messages unacknowledged")
             await self._changed.wait()
+
+    def _signed(self, headers: dict[str, str], payload: bytes) -> dict[str, str]:
+        """``headers``, with the message's signature if the sink has a key."""
+        if self._signing_key is not None:
+            headers[SIGNATURE_HEADER] = sign(
+                self._signing_key, self._subject, headers.get(BOOT_OFFSET_HEADER), payload
+            )
+        return headers
 
     def _require_open(self) -> Framer:
         self._raise_failure()
@@ -411,8 +429,7 @@ class JetStreamSink:
         try:
             await nc.publish(
                 self._subject, out.payload, reply=f"{self._inbox}{out.first}",
-                headers={"Nats-Msg-Id": f"{self._id_prefix}{out.first}.{out.tag.hex()}",
-                         **self._headers},
+                headers=pending.headers,
             )
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             pass  # down: all of the window is published again once reconnected
@@ -483,7 +500,8 @@ class JetStreamSink:
             out, payload = self._bridges[0]
             msg_id = f"{self._id_prefix}{out.first}.{out.tag.hex()}.dropped"
             try:
-                await nc.publish(self._subject, payload, headers={"Nats-Msg-Id": msg_id})
+                await nc.publish(self._subject, payload,
+                                 headers=self._signed({"Nats-Msg-Id": msg_id}, payload))
             except nats.errors.Error:
                 return  # away: tried again once reconnected (or given up at close)
             del self._bridges[0]

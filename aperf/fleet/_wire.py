@@ -30,7 +30,8 @@ Bodies:
 - samples: ``runs`` x (u32 cpu, u32 samples), consecutive samples of one CPU;
   then ``count`` x u16 sample lengths; then the sample bytes, concatenated. The
   bytes are the ring's raw bytes, so a reader decodes them with the same decoder
-  as a local ``aperf.PerfStream`` would.
+  as a local ``aperf.PerfStream`` would. At most ``MAX_EVENTS`` samples (a sink's
+  largest batch).
 - lost notice (count 1): u32 cpu, u64 lost count.
 - bad sample (count 1): u32 cpu, u16 data length, the data, then the decoder's
   reason as UTF-8 to the end.
@@ -42,19 +43,24 @@ Bodies:
   ``samples_before``/``lost_before`` its totals, and ``watermark == first``.
 
 The two cumulative counters let a reader say exactly how many samples and lost
-counts a hole in the sequence numbers held (see ``_gaps.py``).
+counts a hole in the sequence numbers held (see ``_gaps.py``). They are bounded:
+a run never holds more samples than events, and its lost counts add up to at most
+``MAX_TOTAL`` (2^63-1), so every total a reader derives fits a signed 64-bit int.
+A message that breaks either is not a frame.
 """
 
 from __future__ import annotations
 
+import array
 import bisect
 import hashlib
 import itertools
 import operator
 import os
 import struct
+import sys
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from .._errors import DecodeError
 from .._events import BadSample, Lost, Sample
@@ -72,6 +78,8 @@ _RUN = struct.Struct("<II")
 _LOST = struct.Struct("<IQ")
 _BAD = struct.Struct("<IH")
 MAX_SAMPLE_BYTES = 0xFFFF  # a perf record's size is a u16, so a raw sample always fits
+MAX_EVENTS = 0xFFFF  # the most events one message holds: a sink's largest batch
+MAX_TOTAL = (1 << 63) - 1  # the most a run's lost counts add up to (a signed 64-bit int)
 # Framing overhead bound per message beyond the sample bytes: header, names, one run
 # and one length per sample are accounted for as samples are added.
 _FIXED = HEADER.size + 2 * MAX_NAME_BYTES
@@ -93,9 +101,58 @@ class Outgoing(NamedTuple):
     tag: bytes  # the message's tag: its Nats-Msg-Id ends with it
 
 
+class SampleRuns:
+    """A samples body, checked and not copied: its run table and lengths are views of
+    the payload, so parsing costs a few hundred bytes whatever the message claims, and
+    a reader builds the samples a slice at a time (``slice``)."""
+
+    __slots__ = ("_data", "_off", "_payload", "count", "lengths", "runs")
+
+    def __init__(self, payload: bytes, runs: Sequence[int], lengths: Sequence[int],
+                 data_offset: int) -> None:
+        self._payload = payload
+        self.runs = runs  # cpu, count, cpu, count, ...
+        self.lengths = lengths
+        self.count = len(lengths)
+        self._data = data_offset
+
+    def slice(self, start: int, stop: int, at: tuple[int, int, int]
+              ) -> tuple[list[int], list[bytes], tuple[int, int, int]]:
+        """The CPUs and bytes of samples ``start .. stop-1``, from a cursor ``at``
+        (run index, samples left in that run, byte offset) that the previous slice
+        returned (``self.start`` first); and the cursor after them."""
+        run, left, off = at
+        runs, payload = self.runs, self._payload
+        cpus: list[int] = []
+        n = stop - start
+        while n:
+            if not left:
+                run += 1
+                left = runs[2 * run + 1]
+            k = min(n, left)
+            cpus.extend(itertools.repeat(runs[2 * run], k))
+            left -= k
+            n -= k
+        ends = list(itertools.accumulate(self.lengths[start:stop], initial=off))
+        datas = list(map(payload.__getitem__, map(slice, ends, ends[1:])))
+        return cpus, datas, (run, left, ends[-1])
+
+    @property
+    def start(self) -> tuple[int, int, int]:
+        return (0, self.runs[1], self._data)
+
+    @property
+    def cpus(self) -> list[int]:
+        return self.slice(0, self.count, self.start)[0]
+
+    @property
+    def datas(self) -> list[bytes]:
+        return self.slice(0, self.count, self.start)[1]
+
+
 class Frame(NamedTuple):
-    """A parsed message. Samples bodies fill ``cpus`` and ``datas``; lost and bad
-    bodies fill ``events``; an end of stream fills neither."""
+    """A parsed message. A samples body is ``body``; lost and bad bodies fill
+    ``events``; an end of stream has neither."""
 
     kind: int
     host: str
@@ -106,19 +163,26 @@ class Frame(NamedTuple):
     samples_before: int
     lost_before: int
     count: int  # type: ignore[assignment]
-    cpus: list[int]
-    datas: list[bytes]
+    body: SampleRuns | None
     events: list[Any]
     tag: bytes
     next: bytes  # commitment to the next message's tag: commit(next message's tag)
 
     @property
     def samples(self) -> int:
-        return len(self.datas)
+        return self.body.count if self.body is not None else 0
 
     @property
     def lost(self) -> int:
         return sum(e.count for e in self.events if e.__class__ is Lost)
+
+    @property
+    def cpus(self) -> list[int]:
+        return self.body.cpus if self.body is not None else []
+
+    @property
+    def datas(self) -> list[bytes]:
+        return self.body.datas if self.body is not None else []
 
 
 class Framer:
@@ -160,7 +224,10 @@ class Framer:
         ) + self._names
 
     def frame(self, events: Sequence[Any], watermark: int) -> list[Outgoing]:
-        """Frame ``events`` (Sample, Lost, BadSample) in order; numbers them as it goes."""
+        """Frame ``events`` (Sample, Lost, BadSample) in order; numbers them as it goes.
+        Events it cannot frame raise before any is numbered."""
+        if list(map(type, events)).count(Sample) != len(events):
+            self._check(events)
         out: list[Outgoing] = []
         i, n = 0, len(events)
         while i < n:
@@ -184,6 +251,26 @@ class Framer:
                 )
             i += 1
         return out
+
+    def _check(self, events: Sequence[Any]) -> None:
+        lost = self.lost_total
+        for event in events:
+            if isinstance(event, Lost):
+                if not 0 <= event.count <= MAX_TOTAL - lost:
+                    raise ValueError(
+                        f"events: a Lost count of {event.count} would take this run's lost "
+                        f"total past {MAX_TOTAL} (2^63-1; it is {lost})"
+                    )
+                lost += event.count
+            elif not isinstance(event, (Sample, BadSample)):
+                raise TypeError(
+                    "events must be aperf.Sample, aperf.Lost or aperf.BadSample, "
+                    f"not {type(event).__name__}"
+                )
+            elif isinstance(event, Sample) and len(event.data) > MAX_SAMPLE_BYTES:
+                raise ValueError(
+                    f"a sample of {len(event.data)} bytes is longer than a perf record can be"
+                )
 
     def _single(self, kind: int, body: bytes, watermark: int, samples: int, lost: int) -> Outgoing:
         first = self.next_seq
@@ -283,11 +370,14 @@ def parse(payload: bytes) -> Frame:
     off += hlen + slen
     if watermark > first:
         raise FrameError(f"watermark {watermark} is beyond the message's first event {first}")
-    cpus: list[int] = []
-    datas: list[bytes] = []
+    if count > MAX_EVENTS:
+        raise FrameError(f"claims {count} events: a message holds at most {MAX_EVENTS}")
+    body: SampleRuns | None = None
     events: list[Any] = []
+    samples = lost = 0
     if kind == SAMPLES:
-        cpus, datas = _samples_body(payload, off, count, runs)
+        body = _samples_body(payload, off, count, runs)
+        samples = count
     elif kind == LOST:
         _expect(kind, count, runs, 1, size - off == _LOST.size)
         cpu, lost = _LOST.unpack_from(payload, off)
@@ -313,9 +403,17 @@ def parse(payload: bytes) -> Frame:
             raise FrameError("an end of stream whose watermark is not its total")
     else:
         raise FrameError(f"unknown message kind {kind}")
+    # What a host may claim about itself is bounded: no more samples than events, and
+    # lost counts whose total fits a signed 64-bit int (so no total a reader adds up
+    # from them can overflow one).
+    if samples_before + samples > first + count:
+        raise FrameError(f"claims {samples_before + samples} samples in the run's first "
+                         f"{first + count} events")
+    if lost_before + lost > MAX_TOTAL:
+        raise FrameError(f"claims a lost total of {lost_before + lost}, beyond 2^63-1")
     return Frame(
         kind, host, stream, epoch, first, watermark, samples_before, lost_before, count,
-        cpus, datas, events, tag, next_tag,
+        body, events, tag, next_tag,
     )
 
 
@@ -345,8 +443,20 @@ def _expect(kind: int, count: int, runs: int, events: int, fits: bool) -> None:
         )
 
 
-def _samples_body(payload: bytes, off: int, count: int, runs: int) -> tuple[list[int], list[bytes]]:
-    """The CPUs and bytes of a samples body, its tables checked against what is left."""
+def _table(payload: bytes, off: int, n: int, code: Literal["H", "I"]) -> Sequence[int]:
+    """``n`` little-endian integers at ``off``: a view of the payload where the
+    machine is little-endian, else a copy."""
+    size = struct.calcsize(code)
+    if sys.byteorder == "little":
+        view: Sequence[int] = memoryview(payload)[off : off + n * size].cast(code)
+        return view
+    table = array.array(code, payload[off : off + n * size])
+    table.byteswap()
+    return table
+
+
+def _samples_body(payload: bytes, off: int, count: int, runs: int) -> SampleRuns:
+    """A samples body, its tables checked against what is left of the payload."""
     room = len(payload) - off
     if count == 0 or not 1 <= runs <= count:
         raise FrameError(f"a samples message must hold 1..{count or 1} runs of samples; this "
@@ -357,23 +467,48 @@ def _samples_body(payload: bytes, off: int, count: int, runs: int) -> tuple[list
             f"claims {count} samples in {runs} runs: {tables} bytes of tables, but only "
             f"{room} bytes follow the header"
         )
-    pairs = struct.unpack_from(f"<{2 * runs}I", payload, off)
+    pairs = _table(payload, off, 2 * runs, "I")
     off += _RUN.size * runs
-    ks = pairs[1::2]
-    if 0 in ks or sum(ks) != count:
-        raise FrameError(f"the runs of a samples message add up to {sum(ks)}, not {count}")
-    lengths = struct.unpack_from(f"<{count}H", payload, off)
+    total = sum(pairs[1::2])
+    if total != count or 0 in pairs[1::2]:
+        raise FrameError(f"the runs of a samples message add up to {total}, not {count}")
+    lengths = _table(payload, off, count, "H")
     off += 2 * count
     if off + sum(lengths) != len(payload):
         raise FrameError("samples body does not match its header")
-    cpus = list(itertools.chain.from_iterable(map(itertools.repeat, pairs[::2], ks)))
-    datas: list[bytes] = []
-    for length in lengths:
-        datas.append(payload[off : off + length])
-        off += length
-    return cpus, datas
+    return SampleRuns(payload, pairs, lengths, off)
+
+
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
 def subject_token(name: str) -> str:
-    """``name`` as one NATS subject token: letters, digits, ``-`` and ``_`` kept, others ``_``."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in name)
+    """``name`` as one NATS subject token, one to one: ASCII letters, digits, ``-`` and
+    ``_`` are kept, every other character is ``%XX`` per UTF-8 byte (``web.1`` is
+    ``web%2E1``, ``%`` is ``%25``), so two names never share a subject."""
+    if _PLAIN.issuperset(name):
+        return name
+    return "".join(
+        c if c in _PLAIN else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+        for c in name
+    )
+
+
+def token_name(token: str) -> str | None:
+    """The name whose subject token is ``token``; None if no name has it."""
+    if "%" not in token:
+        return token if _PLAIN.issuperset(token) else None
+    raw = bytearray()
+    i = 0
+    try:
+        while i < len(token):
+            if token[i] == "%":
+                raw.append(int(token[i + 1 : i + 3], 16))
+                i += 3
+            else:
+                raw += token[i].encode("ascii")
+                i += 1
+        name = raw.decode("utf-8")
+    except (ValueError, UnicodeError):
+        return None
+    return name if subject_token(name) == token else None

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -30,13 +31,35 @@ from ..bootstrap_legacy import (
     non_negative,
     positive_power_of_two,
 )
-from .access import TokenFileError, host_pattern, is_loopback, read_token, served_hosts
-from .app import DEFAULT_REPLAY, HEARTBEAT_SECONDS, SHUTDOWN_SECONDS, Settings, create_app
+from .access import (
+    SESSION_ROTATE,
+    TokenFileError,
+    host_pattern,
+    read_token,
+    runtime_directory,
+    served_hosts,
+    write_new_token,
+)
+from .app import (
+    DEFAULT_REPLAY,
+    HEARTBEAT_SECONDS,
+    MAX_CLIENTS,
+    SHUTDOWN_SECONDS,
+    Settings,
+    create_app,
+    with_security_headers,
+)
+from .connections import (
+    BACKLOG,
+    HEADER_TIMEOUT,
+    MAX_CONNECTIONS,
+    DescriptorLimitError,
+    reserve_descriptors,
+)
 from .source import TraceSource
 
 PROG = "python -m examples.service"
 T = TypeVar("T", int, float)
-EXIT_UNSAFE = 2  # asked to serve every process's name to the network without a token
 
 log = structlog.get_logger("examples.service")
 
@@ -45,18 +68,20 @@ who can see what:
   Every event names a process of this machine, any user's: its name, pid and parent, the
   file it ran, its exit code and how long it ran. Whoever can read /events (the page at /
   reads it) sees all of that; /health and /metrics tell counts (events, lost, clients).
-  - Without --token-file, that is every program and every user that can reach the port:
-    on the default 127.0.0.1, everybody on this machine (other users and containers that
-    share its network included).
-  - With --token-file PATH, only those who hold the token (the file's content): send
-    "Authorization: Bearer TOKEN", or open /?token=TOKEN once in a browser (a cookie
-    keeps it, for this host and path /). Only /static/ (the page's script and
-    stylesheet, no data) is served to anyone.
+  - By default, only those who hold a token that the service makes at each start and
+    writes (mode 0600) to $RUNTIME_DIRECTORY/token-HOST-PORT (/run/aperf-service/ as
+    root); on a terminal it prints the URL with the token once. With --token-file PATH,
+    the token is PATH's content (a file no group or others may access). Send
+    "Authorization: Bearer TOKEN", or open /?token=TOKEN once in a browser: a cookie
+    then holds a session id (never the token) that changes every --session-rotate
+    seconds. Only /static/ (the page's script and stylesheet, no data) is served to
+    anyone.
+  - With --no-token, every program and every user that can reach the port: on the
+    default 127.0.0.1, everybody on this machine (other users and containers that share
+    its network included), whatever hidepid= hides in /proc.
   - Whatever the token, a request whose Host header is not the --host address,
     localhost or an --allowed-host gets 400: a web page elsewhere cannot read the
     service through DNS rebinding.
-  - A --host that is not a loopback address needs --token-file, or --no-token to serve
-    everyone who can reach it; otherwise the service refuses to start (exit status 2).
 """
 
 
@@ -68,19 +93,72 @@ class Server(uvicorn.Server):
     stops reading, publishes what it read, then closes the hub, which ends them.
     """
 
-    def __init__(self, config: uvicorn.Config, source: TraceSource, url: str) -> None:
+    def __init__(self, config: uvicorn.Config, source: TraceSource, url: str,
+                 token: GeneratedToken | None = None) -> None:
         super().__init__(config)
         self.source = source
         self.url = url
+        self.token = token
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # uvicorn says nothing of given sockets
         if self.started:
             log.info("listening", url=self.url)
+            if self.token is not None:
+                self.token.announce(self.url)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.source.stop_threadsafe()
         super().handle_exit(sig, frame)
+
+
+class GeneratedToken:
+    """The token made at start-up: in a private file while the service runs, said once."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.path, self.value = write_new_token(runtime_directory(), f"token-{host}-{port}")
+
+    def announce(self, url: str) -> None:
+        """The URL with the token on a terminal (stderr); elsewhere only where the token is.
+
+        Never in the log: stdout (and stderr, under systemd) goes to the journal, which
+        more people read than the token file.
+        """
+        log.info("token made", token_file=str(self.path))
+        if sys.stderr.isatty():
+            print(f"\n    Open {url}?token={self.value}\n    (the token is also in "
+                  f"{self.path}, for curl: -H \"Authorization: Bearer $(cat {self.path})\")\n",
+                  file=sys.stderr, flush=True)
+
+    def remove(self) -> None:
+        """Delete the file (the token dies with the service)."""
+        with contextlib.suppress(FileNotFoundError):
+            if read_text_if_ours(self.path) == self.value:
+                self.path.unlink()
+
+
+def read_text_if_ours(path: Path) -> str | None:
+    """The token in ``path`` if it is still a file of this user's, else None."""
+    try:
+        if path.lstat().st_uid != os.geteuid():
+            return None
+        return read_token(path)
+    except (OSError, TokenFileError):
+        return None
+
+
+class NoQueryStrings(logging.Filter):
+    """Cuts the query string off every path in uvicorn's access lines: ``?token=`` stays out.
+
+    Every string argument of the record loses what follows a ``?``; the line keeps the
+    method, the path, the status and the client's address.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple):
+            record.args = tuple(a.partition("?")[0] if isinstance(a, str) else a
+                                for a in record.args)
+        return True
 
 
 def configure_logging(level: str) -> None:
@@ -104,6 +182,7 @@ def configure_logging(level: str) -> None:
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stdout)
+    handler.addFilter(NoQueryStrings())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[
@@ -148,6 +227,7 @@ positive_seconds = checked(float, lambda v: v > 0 and math.isfinite(v),
 seconds = checked(float, lambda v: v >= 0 and math.isfinite(v),
                   "a number of seconds (0 or more)", "seconds")
 replay_window = checked(int, lambda v: v >= 2, "a number of events, 2 or more", "count")
+positive_count = checked(int, lambda v: v >= 1, "a positive number", "count")
 
 
 def allowed_host(text: str) -> str:
@@ -155,6 +235,18 @@ def allowed_host(text: str) -> str:
         return host_pattern(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Options of sessions and connections (access.py, connections.py): flag, default, meaning.
+LIMITS: tuple[tuple[str, float, str], ...] = (
+    ("--session-rotate", SESSION_ROTATE, "seconds after which a browser's session id is "
+     "replaced by a new one"),
+    ("--max-connections", MAX_CONNECTIONS, "connections held at once; one more pushes out the "
+     "oldest one yet to send a request"),
+    ("--max-clients", MAX_CLIENTS, "event streams at once, fewer than --max-connections; one "
+     "more gets 503"),
+    ("--header-timeout", HEADER_TIMEOUT, "seconds a connection has to send a request head"),
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -171,9 +263,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "service is reached by, *.domain, or an address); repeatable")
     access = parser.add_mutually_exclusive_group()
     access.add_argument("--token-file", type=Path, metavar="PATH",
-                        help="serve only requests that carry the token in PATH (see below)")
+                        help="the token is PATH's content, not one made at start-up (see "
+                        "below)")
     access.add_argument("--no-token", action="store_true",
-                        help="serve a non-loopback --host without a token, to anyone")
+                        help="serve without a token, to anyone who reaches the port")
+    parser.add_argument("--secure-cookie", action="store_true",
+                        help="mark the session cookie Secure: browsers send it over HTTPS only "
+                        "(behind a TLS proxy)")
+    for flag, default, what in LIMITS:
+        parser.add_argument(flag, type=positive_seconds if isinstance(default, float) else
+                            positive_count, default=default,
+                            metavar="S" if isinstance(default, float) else "N",
+                            help=f"{what} (default {default:g})")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("-d", "--duration", type=non_negative, default=0, metavar="MS",
                         help="report only exits of processes that ran at least MS milliseconds")
@@ -258,15 +359,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         hosts = served_hosts(args.host, args.allowed_host)
     except ValueError as exc:
         return fail(f"argument --host: {exc}")
-    if args.token_file is None and not args.no_token and not is_loopback(args.host):
-        return fail(f"--host {args.host} is not a loopback address: give --token-file PATH, "
-                    "or --no-token to let anyone who reaches it see every process", EXIT_UNSAFE)
+    if args.max_clients >= args.max_connections:
+        return fail(f"--max-clients {args.max_clients} must be less than --max-connections "
+                    f"{args.max_connections}: event streams would leave no connection for "
+                    "the other routes")
     token = None
     if args.token_file is not None:
         try:
             token = read_token(args.token_file)
         except TokenFileError as exc:
             return fail(str(exc))
+    try:
+        reserve_descriptors(args.max_connections)
+    except DescriptorLimitError as exc:
+        return fail(str(exc))
 
     # What usually goes wrong is said in one line, before the server starts.
     reason = missing_privileges()
@@ -284,32 +390,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SetupError as exc:
         listener.close()
         return fail(str(exc))
+    generated = None
+    if token is None and not args.no_token:
+        try:
+            generated = GeneratedToken(args.host, args.port)
+        except TokenFileError as exc:
+            listener.close()
+            return fail(str(exc))
+        token = generated.value
+    elif args.no_token:
+        log.warning("serving without a token: whoever reaches the port reads every event",
+                    host=args.host, port=args.port)
 
     settings = Settings(
         object_path=args.object, min_duration_ms=args.duration, pages=args.pages,
         wakeup=args.wakeup, ordered=not args.unordered, replay=args.replay,
         heartbeat=args.heartbeat,
         shutdown_timeout=args.shutdown_timeout, allowed_hosts=tuple(hosts), token=token,
+        session_rotate=args.session_rotate, secure_cookie=args.secure_cookie,
+        max_clients=args.max_clients, max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
     )
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, loop=args.loop, lifespan="on",
-        log_config=None, log_level=args.log_level,
+        with_security_headers(app), host=args.host, port=args.port, loop=args.loop,
+        lifespan="on", log_config=None, log_level=args.log_level,
+        # h11 under the guard: a deadline for request heads, a cap on connections
+        # (connections.py); heads of at most h11's 16 KiB.
+        http=app.state.guard.protocol(), backlog=BACKLOG,
         # sse-starlette ends the streams of clients that stopped reading after
         # --shutdown-timeout (create_app); their sockets, which cannot drain, are
         # dropped a second later, when uvicorn stops waiting for connections. Were
         # uvicorn first, it would cancel those responses, and log tracebacks.
         timeout_graceful_shutdown=args.shutdown_timeout + 1,
     )
-    server = Server(config, app.state.source, listen_url(listener))
+    server = Server(config, app.state.source, listen_url(listener), generated)
     # Once it has shut down, uvicorn raises again the signal that stopped it, with
     # the handlers that were in place before it started: make those ignore it, so
     # that a requested stop ends with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
     # uvicorn exits (status 3) when the startup fails: said below, in one line, status 1.
-    with listener, contextlib.suppress(SystemExit):
-        server.run(sockets=[listener])
+    try:
+        with listener, contextlib.suppress(SystemExit):
+            server.run(sockets=[listener])
+    finally:
+        if generated is not None:
+            generated.remove()
     if server.started:
         return 0
     error = app.state.source.error

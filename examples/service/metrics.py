@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 import aperf
 
+from .connections import ConnectionGuard
 from .hub import Hub
 from .source import TraceSource
 
@@ -41,12 +42,21 @@ PER_CPU_GAUGES = (
 LOST_REASONS = (("queue", "queue_lost"), ("ring", "ring_lost"))
 
 
+def by_reason(name: str, text: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter family with one ``reason`` label per key of ``counts`` (a fixed few)."""
+    family = CounterMetricFamily(name, text, labels=["reason"])
+    for reason, count in counts.items():
+        family.add_metric([reason], count)
+    return family
+
+
 class ServiceCollector(Collector):
     """aperf's stream statistics and the hub's counters, read at each scrape."""
 
-    def __init__(self, source: TraceSource, hub: Hub) -> None:
+    def __init__(self, source: TraceSource, hub: Hub, guard: ConnectionGuard) -> None:
         self.source = source
         self.hub = hub
+        self.guard = guard
 
     def collect(self) -> Iterator[Metric]:
         source, hub = self.source, self.hub
@@ -59,14 +69,11 @@ class ServiceCollector(Collector):
         yield CounterMetricFamily("aperf_sse_events_published",
                                   "Events published to the /events clients.",
                                   value=hub.published)
-        missed = CounterMetricFamily(
+        yield by_reason(
             "aperf_sse_missed",
             "Events that clients did not get, all clients together: they read too slowly "
             "(slow) or reconnected after the events had left the replay window (reconnect).",
-            labels=["reason"])
-        for reason, count in hub.missed.items():
-            missed.add_metric([reason], count)
-        yield missed
+            hub.missed)
         yield CounterMetricFamily("aperf_sse_replayed",
                                   "Events sent again to clients that reconnected.",
                                   value=hub.replayed)
@@ -76,6 +83,25 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily("aperf_sse_max_lag",
                                 "Events the slowest connected client has yet to take.",
                                 value=hub.max_lag())
+        yield from self._connections()
+
+    def _connections(self) -> Iterator[Metric]:
+        """What connections cost (connections.py), and the event streams refused."""
+        guard = self.guard
+        for name, text, value in (
+            ("aperf_http_connections", "HTTP connections held now.", len(guard.held)),
+            ("aperf_http_connections_limit", "Connections held at most (--max-connections).",
+             guard.max_connections),
+        ):
+            yield GaugeMetricFamily(name, text, value=value)
+        yield by_reason(
+            "aperf_http_connections_dropped",
+            "Connections the service closed: no request head in time (header_timeout), "
+            "pushed out by a newer one at the limit (pushed_out), or closed at once with "
+            "every connection busy (refused).", guard.dropped)
+        yield CounterMetricFamily("aperf_sse_refused",
+                                  "Event streams refused with 503: as many as --max-clients "
+                                  "were open.", value=self.hub.refused)
 
     @staticmethod
     def _stream(stats: aperf.StreamStatistics) -> Iterator[Metric]:
@@ -111,13 +137,13 @@ class ServiceCollector(Collector):
                                 value=stats.ring_bytes)
 
 
-def registry(source: TraceSource, hub: Hub) -> CollectorRegistry:
+def registry(source: TraceSource, hub: Hub, guard: ConnectionGuard) -> CollectorRegistry:
     """A registry of the service's own: the service's collector and the standard ones."""
     reg = CollectorRegistry()
     ProcessCollector(registry=reg)
     PlatformCollector(registry=reg)
     GCCollector(registry=reg)
-    reg.register(ServiceCollector(source, hub))
+    reg.register(ServiceCollector(source, hub, guard))
     return reg
 
 

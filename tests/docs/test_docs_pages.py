@@ -33,8 +33,9 @@ def page_blocks(page: str, lang: str) -> list[Block]:
 
 
 def own_program() -> str:
-    """The Python block of own-program.md: the whole user side of the program."""
-    (block,) = page_blocks("own-program.md", "python")
+    """The Python block of own-program.md's steps 3 and 4 (the one reading minimal.bpf.o):
+    the whole user side of the program."""
+    (block,) = [b for b in page_blocks("own-program.md", "python") if "minimal.bpf.o" in b.code]
     return block.code
 
 

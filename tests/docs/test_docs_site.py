@@ -116,3 +116,59 @@ def test_the_checker_sees_a_cdn(tmp_path: Path) -> None:
     )
     assert len(parser.remote) == 5, parser.remote
     assert remote_css("url('data:image/svg+xml,%3csvg xmlns=\"http://www.w3.org/2000/svg\"')") == []
+
+
+class Text(HTMLParser):
+    """A page's text outside links, and the links' targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outside: list[str] = []
+        self.hrefs: list[str] = []
+        self._in_link = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._in_link += 1
+            self.hrefs += [v for k, v in attrs if k == "href" and v]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a":
+            self._in_link = max(0, self._in_link - 1)
+
+    def handle_data(self, data: str) -> None:
+        if not self._in_link:
+            self.outside.append(data)
+
+
+DOC_MENTION = re.compile(r"docs/[a-z0-9_-]+\.md")
+
+
+def test_the_api_reference_links_the_pages_its_docstrings_name(site: Path) -> None:
+    # Docstrings say "docs/columnar.md" (or docs/rings.md, "CPU hotplug"): plain text in
+    # help(), a link on the site, to the page and its section, both of which exist.
+    pages = sorted((site / "reference").rglob("index.html"))
+    linked = 0
+    for page in pages:
+        text = Text()
+        text.feed(page.read_text())
+        assert not DOC_MENTION.findall("".join(text.outside)), page
+        for href in text.hrefs:
+            if href.startswith(("http", "#", "mailto:")):
+                continue
+            path, _, anchor = href.partition("#")
+            target = (page.parent / path).resolve()
+            target = target / "index.html" if target.is_dir() else target
+            assert target.is_file(), (page, href)
+            if anchor:
+                assert f'id="{anchor}"' in target.read_text(), (page, href)
+            linked += "/reference/" not in str(target)
+    assert linked > 20  # the mentions were found and linked at all
+
+
+def test_a_built_site_is_not_committed() -> None:
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", "site/index.html"], cwd=REPO,
+                             check=False)
+    assert ignored.returncode == 0  # mkdocs build's default output directory

@@ -11,10 +11,12 @@ stream, and two of the three nodes down for a few seconds (no quorum) and back.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -27,13 +29,30 @@ from aperf.fleet import (
     JetStreamSink,
     create_stream,
 )
+from aperf.fleet._wire import parse
 from aperf.fleet.testing import NatsCluster, nats_server_path
 from aperf.testing import Producer
 
 from ..helpers import REPO, REQUIRE_BPF
-from .test_fleet import OTHER_CPU, SEQ_TS, Fleet, assert_unique, join, paced, read_fleet, until
+from .test_fleet import (
+    OTHER_CPU,
+    SEQ_TS,
+    Fleet,
+    assert_unique,
+    join,
+    paced,
+    read_fleet,
+    seq_sample,
+    until,
+)
 
-ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])  # the time budget: see below
+ONE_LOOP = pytest.mark.anyio  # on asyncio alone (anyio_backend below): the time budget
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """These slow tests run on one loop, asyncio (nats-py is asyncio's)."""
+    return ("asyncio", {})
 
 
 @pytest.fixture
@@ -125,7 +144,7 @@ def test_open_without_quorum_waits_then_says_what_the_server_said(
             assert "-js" not in str(info.value) and info.value.argument == "servers"
 
     asyncio.run(refused())
-    for command, status in (("examples.fleet_view", 2), ("aperf", 1)):
+    for command, status in (("examples.fleet_view", 1), ("aperf", 1)):  # cannot run: 1
         args = [command, "trace"] if command == "aperf" else [command]
         result = subprocess.run(
             [sys.executable, "-m", *args, "--nats", url, "--nats-wait", "1.5"],
@@ -160,7 +179,9 @@ async def forward_through_faults(
     chunks, chunk = 120, 500  # 60 000 samples over about a second
     produced = chunks * chunk + 1
     seen = Fleet()
-    reader = FleetReader(reader_url, durable="live", decoder=SEQ_TS, ready_timeout=30)
+    # ack_wait: a delivery lost with its node comes back this soon (60 s by default).
+    reader = FleetReader(reader_url, durable="live", decoder=SEQ_TS, ready_timeout=30,
+                         ack_wait=5.0)
     await reader.open()
     reading = asyncio.ensure_future(
         read_fleet(reader, seen, lambda: seen.accounted("c") >= produced, 90)
@@ -219,11 +240,63 @@ async def forward_through_faults(
         assert fleet.lost["c"] == counters.failed  # the kernel's own count, forwarded
         assert set(seqs) <= set(range(produced))
     assert after.gaps == [] and len(after.seqs["c"]) == counters.ok
-    # The live reader may have reported a Gap for messages JetStream still holds: a
-    # fetch in flight when its node died (docs/fleet.md, "A cluster"). Counted, never
-    # silent, and never more than what it did not receive.
-    assert len(seen.seqs["c"]) + seen.gap_samples["c"] == counters.ok
+    # The live reader too: a fetch in flight when its node died is redelivered, and no
+    # Gap is said for it (2 of about 12 runs did before).
+    assert seen.gaps == [] and len(seen.seqs["c"]) == counters.ok
     print(f"sink: {stats}")
+
+
+@ONE_LOOP
+async def test_cluster_a_gap_is_said_only_for_what_jetstream_no_longer_holds(
+    cluster: NatsCluster,
+) -> None:
+    """A message the consumer delivered that the reader never received (its node died
+    with the delivery on the way; here a connection on another node takes it and never
+    acknowledges it) is still in the stream, and comes back after ack_wait. Meanwhile
+    the stream's limits remove older messages (of another host), and the reader, told
+    so, took the hole below the next message's watermark for one the limits made: a
+    Gap for events JetStream still held, and the redelivery dropped as a duplicate.
+    Now it asks the consumer first whether a delivery is on its way, and waits for it."""
+    urls = cluster.urls
+    await create_stream(urls, replicas=3, max_msgs=9)
+
+    async def pad(n: int) -> None:  # another host's messages: what the limits remove
+        async with JetStreamSink(urls, host="pad", batch=1) as other:
+            for _ in range(n):
+                await other.send([seq_sample(0, 0)])
+                await other.flush()
+
+    async with JetStreamSink(cluster.node("n1").url, host="c", batch=10) as sink:
+        async def messages(start: int, stop: int) -> None:
+            for i in range(start, stop):  # each framed once the one before is stored
+                await sink.send([seq_sample(0, 10 * i + k) for k in range(10)])
+                await sink.flush()
+
+        await messages(0, 2)  # stream sequences 1, 2
+        async with JetStreamSink(urls, host="pad", batch=1) as other:  # 3 and its end, 4
+            await other.send([seq_sample(0, 0)])
+        await messages(2, 6)  # 5..8: events 20..29 at 5, then watermarks 30, 40, 50; end 9
+    seen = Fleet()
+    async with FleetReader(cluster.node("n3").url, durable="live", decoder=SEQ_TS, batch=2,
+                           subject="aperf.c.>", ack_wait=3.0, ready_timeout=30) as reader:
+        await read_fleet(reader, seen, lambda: len(seen.seqs["c"]) >= 20)  # the first two
+        thief = await nats.connect(cluster.node("n2").url)
+        try:
+            inbox = thief.new_inbox()
+            sub = await thief.subscribe(inbox)
+            await thief.publish("$JS.API.CONSUMER.MSG.NEXT.APERF.live",
+                                json.dumps({"batch": 1}).encode(), reply=inbox)
+            stolen = parse((await sub.next_msg(timeout=10)).data)
+            assert (stolen.first, stolen.count) == (20, 10)  # never acknowledged
+            await pad(3)  # 10..13; the stream keeps 9: sequences 1..4 go, 5 (20..29) stays
+            await read_fleet(reader, seen, lambda: seen.accounted("c") >= 60)
+        finally:
+            await thief.close()
+        stats = reader.statistics()
+    assert seen.gaps == []  # Gap(first=20, count=10, samples=10, lost=0) before
+    assert sorted(seen.seqs["c"]) == list(range(60))
+    assert seen.seqs["c"][-10:] == list(range(20, 30))  # redelivered, after the rest
+    assert (stats.gaps, stats.duplicates) == (0, 0)
 
 
 @ONE_LOOP

@@ -31,7 +31,7 @@ import aperf.fleet as fleet  # its new names are read in the tests, so they run 
 from aperf.fleet import FleetConfigError, FleetReader, JetStreamSink, create_stream
 from aperf.fleet.testing import NatsServer, free_port
 
-from ..helpers import REPO
+from ..helpers import REPO, asyncio_only
 from .test_fleet import running_server
 from .test_fleet_security import make_certificates
 
@@ -141,7 +141,8 @@ async def open_error(thing: JetStreamSink | FleetReader) -> FleetConfigError:
 # --- a fake server that offers no TLS -----------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_tls_asked_for_is_tls_or_nothing(tmp_path: Path) -> None:
     """A server, or someone in between, that says ``"tls_required": false`` to a client
     that asked for TLS gets nothing: before, nats-py sent it the password in clear."""
@@ -187,7 +188,8 @@ async def test_tls_asked_for_is_tls_or_nothing(tmp_path: Path) -> None:
         assert error.argument == "tls_ca"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_tls_first_sends_nothing_before_the_handshake(tmp_path: Path) -> None:
     """``tls_handshake_first``: TLS before the INFO (nats-server 2.9 cannot do it; a
     fake that does stands in). The CONNECT arrives, over TLS."""
@@ -204,7 +206,8 @@ async def test_tls_first_sends_nothing_before_the_handshake(tmp_path: Path) -> N
         assert connect["pass"] == SECRET  # decrypted by the fake: it came over TLS
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_password_in_clear_goes_only_to_this_host() -> None:
     host = outward_address()
     # Not on this host, no TLS: refused before the CONNECT, for every kind of secret.
@@ -250,7 +253,8 @@ async def test_a_password_in_clear_goes_only_to_this_host() -> None:
         # A creds file (nkey challenge-response) sends no secret: no warning.
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_server_a_cluster_adds_is_held_to_the_same_rules(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -305,7 +309,8 @@ authorization {{ users: [ {{user: web-1, password: "{SECRET}"}} ] }}
         yield s, made.ca, monitor
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_real_server_that_lets_clients_choose_gets_tls(
     either_server: tuple[NatsServer, Path, int],
 ) -> None:
@@ -324,7 +329,8 @@ async def test_a_real_server_that_lets_clients_choose_gets_tls(
         await create_stream(server.url, **login())
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_real_server_without_tls_is_refused_when_tls_is_asked_for(
     tmp_path: Path,
 ) -> None:
@@ -352,29 +358,34 @@ async def run_command(*args: str) -> tuple[int, str]:
     return proc.returncode, err.decode()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_commands_refuse_in_one_line_with_their_cannot_run_status(tmp_path: Path) -> None:
     ca = make_certificates(tmp_path / "etc").ca
     secret = tmp_path / "password"
     secret.write_text(SECRET + "\n")
     creds = ["--nats-user", "web-1", "--nats-password-file", str(secret)]
-    commands = {  # the command: its "cannot run" status, and what it calls itself
-        ("aperf", "trace"): (1, "aperf-trace"),
-        ("aperf.fleet", "create-stream"): (1, "aperf.fleet"),
-        ("examples.fleet_view",): (2, "fleet_view"),
+    commands = {  # the command, and what it calls itself
+        ("aperf", "trace"): "aperf-trace",
+        ("aperf.fleet", "create-stream"): "aperf.fleet",
+        ("examples.fleet_view",): "fleet_view",
     }
+    status = 1  # every command's "cannot run" (a refused command line is 2, a bad option)
     host = outward_address()
-    for command, (status, prog) in commands.items():
-        cases = {
-            "TLS asked": ("127.0.0.1", "nats", ["--nats-ca", str(ca)], "offers none"),
-            "not this host": (host, "nats", [], "not on this host"),
+    for command, prog in commands.items():
+        cases = {  # what is said, the option named, the status
+            "TLS asked": ("127.0.0.1", "nats", ["--nats-ca", str(ca)], "offers none",
+                          "(check --nats)", 1),
+            "not this host": (host, "nats", [], "not on this host",
+                              "allow it with allow_insecure=True (--nats-insecure)", 2),
         }
-        for what, (address, scheme, more, said) in cases.items():
+        for what, (address, scheme, more, said, option, code_) in cases.items():
             async with FakeNats(address) as fake:
                 code, err = await run_command(*command, "--nats", fake.url(scheme), *creds, *more)
             assert bytes(fake.received) == b"", (command, what, bytes(fake.received))
             lines = err.strip().splitlines()
-            assert code == status and len(lines) == 1 and said in lines[0], (command, err)
+            assert code == code_ and len(lines) == 1 and said in lines[0], (command, err)
+            assert lines[0].endswith(option) and "(check servers=)" not in lines[0], lines[0]
             assert SECRET not in err
         # --nats-insecure: sent, and then no JetStream.
         async with FakeNats(host) as fake:

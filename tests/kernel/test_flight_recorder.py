@@ -211,3 +211,24 @@ def test_a_given_up_source_frees_its_rings_and_leaves_the_slots(producer: Produc
     source.free()
     source.free()
     assert producer.counters().failed == 2 and producer.counters().ok == 3
+
+
+@pytest.mark.anyio
+async def test_snapshot_pause_and_resume_after_close_say_closed(producer: Producer) -> None:
+    """A closed stream or buffer is closed, whatever its rings were: ClosedResourceError,
+    as every other use of it raises (not "was not opened with overwritable=True")."""
+    cpu = CPUS[0]
+    stream = aperf.PerfStream(producer.map, ring_bytes=RING_BYTES, cpus=[cpu],
+                              overwritable=True)
+    async with stream:
+        assert stream.snapshot() == []
+    pb = aperf.PerfBuffer(producer.map, ring_bytes=RING_BYTES, cpus=[cpu], overwritable=True,
+                          on_sample=ignore)
+    pb.close()
+    with Producer(ring="ringbuf") as rb_producer:
+        async with aperf.PerfStream(rb_producer.source()) as rb_stream:
+            pass
+    for closed in (stream, pb, rb_stream):
+        for call in (closed.snapshot, closed.pause, closed.resume):
+            with pytest.raises(aperf.ClosedResourceError, match="closed"):
+                call()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import aperf
-from aperf._drivers.lease import _Pin
+from aperf._rings.perf.lease_ring import _Pin
 from aperf.testing import Producer
 
 from ..helpers import BPF_DIR
@@ -335,6 +335,12 @@ def test_a_forked_child_keeps_the_leased_records(kernel: None) -> None:
                             try:
                                 assert values["seq"].tolist() == list(range(100))
                                 try:
+                                    values.setflags(write=True)
+                                except ValueError:
+                                    pass  # the child's copy is as read-only as the ring
+                                else:
+                                    raise AssertionError("writable in the child")
+                                try:
                                     s.statistics()
                                 except aperf.ClosedResourceError:
                                     code = 0
@@ -382,16 +388,98 @@ def test_lease_needs_a_decoder_with_a_layout(producer: Producer) -> None:
 def test_fork_hook_copies_the_live_mappings_then_forgets_the_copies(producer: Producer) -> None:
     """Before a fork every live mapping is copied (for the child); the parent drops the
     copies after it (unit test of the hooks, on a leased buffer's two rings)."""
-    from aperf._native import shared_ring as _shared_ring
+    from aperf._native.libc import shared_ring as _shared_ring
 
     with aperf.PerfBuffer(producer.map, pages=1, decoder=decoder(32), cpus=[0, 1],
                           on_array=print) as pb, pb.lease(timeout_ms=0):
-        live = {address for _, _, address in _shared_ring._live.values()}
+        live = {address: prot for _, _, address, prot in _shared_ring._live.values()}
         _shared_ring._before_fork()
         try:
-            saved = dict(_shared_ring._saved)
-            assert live <= set(saved) and len(live) >= 2
-            assert all(len(data) == 2 * 4096 for address, data in saved.items() if address in live)
+            saved = {address: (data, prot) for address, data, prot in _shared_ring._saved}
+            assert live.keys() <= saved.keys() and len(live) >= 4  # two mappings a ring
+            # The read-only mapping whole (views), the read-write one's control page only.
+            assert sorted((len(saved[a][0]), saved[a][1]) for a in live) == [
+                (4096, 3), (4096, 3), (2 * 4096, 1), (2 * 4096, 1)]
         finally:
             _shared_ring._after_fork_in_parent()
         assert _shared_ring._saved == []
+
+
+def test_lease_views_cannot_be_made_writable(kernel: None) -> None:
+    """A lease's arrays view ring memory the kernel lets nobody write (a write there is
+    SIGBUS, not an exception): every way to a writable view of them is refused, for the
+    arrays in the lease, their columns, slices, views and bases, and arrays kept after
+    the lease and after close; the interpreter survives (a crash fails the test)."""
+    out = run_script("""
+        import ctypes
+        from numpy.lib.stride_tricks import as_strided
+
+        def refused(what, attempt, errors=(ValueError,)):
+            try:
+                attempt()
+            except errors:
+                return
+            raise AssertionError(f"{what}: a writable view of the ring was made")
+
+        def read_only(what, arr):
+            assert not arr.flags.writeable, what
+            refused(what + ".setflags", lambda: arr.setflags(write=True))
+            refused(what + " write", lambda: arr.__setitem__(..., arr[...]))
+            refused(what + " asarray", lambda: np.asarray(arr).setflags(write=True))
+            refused(what + " frombuffer", lambda: np.frombuffer(arr, np.uint8).setflags(write=True))
+            refused(what + " ndarray(buffer=)",
+                    lambda: np.ndarray(arr.nbytes, np.uint8, buffer=arr).setflags(write=True))
+            refused(what + " as_strided",
+                    lambda: as_strided(arr, writeable=True).setflags(write=True))
+            view = memoryview(arr)
+            assert view.readonly, what
+            refused(what + " memoryview", lambda: view.cast("B").__setitem__(0, 0), (TypeError,))
+            refused(what + " ctypes",
+                    lambda: (ctypes.c_char * arr.nbytes).from_buffer(arr), (TypeError,))
+
+        def every_way(arr):
+            read_only("values", arr)
+            read_only("column", arr["seq"])
+            read_only("slice", arr[1::3])
+            read_only("column slice", arr["ts"][2:])
+            read_only("byte view", arr.view(np.uint8))
+            read_only("view of a view", arr["seq"][::2].view(np.int64)[1:])
+            base, depth = arr, 0
+            while isinstance(base, np.ndarray):
+                read_only(f"base {depth}", base)
+                base, depth = base.base, depth + 1
+            assert depth >= 2, depth  # the values, then the ring's bytes they view
+            assert memoryview(base).readonly
+            read_only("the mapping", np.frombuffer(base, np.uint8))
+
+        def check(batch, first):
+            assert isinstance(batch[0], aperf.SampleArray), batch
+            values = batch[0].values
+            assert values["seq"].tolist() == list(range(first, first + 50))
+            every_way(values)
+            return values
+
+        kept = []
+        with Producer() as p:
+            with aperf.PerfBuffer(p.map, pages=4, decoder=DECODER, cpus=[0],
+                                  on_array=print) as pb:
+                p.emit(50, size=32, cpu=0)
+                with pb.lease(timeout_ms=1000) as batch:
+                    kept.append(check(batch, 0))
+                every_way(kept[-1])  # kept past its lease
+
+            async def main():
+                async with aperf.PerfStream(p.map, pages=4, decoder=DECODER, cpus=[1]) as s:
+                    p.emit(50, size=32, cpu=1)
+                    async with s.lease() as batch:
+                        kept.append(check(batch, 50))
+                    every_way(kept[-1])
+                every_way(kept[-1])  # and past the stream's close
+            asyncio.run(main())
+        gc.collect()
+        for first, values in zip((0, 50), kept):
+            every_way(values)
+            assert values["seq"].tolist() == list(range(first, first + 50))
+        print("ok")
+    """)
+    assert out.strip() == "ok"

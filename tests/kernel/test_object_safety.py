@@ -68,9 +68,13 @@ ARGS: dict[str, tuple[object, ...]] = {  # how to call each public method
     "set_max_entries": (4096,),
     "set_global": ("anything", 1),
     "get_global": ("anything",),
+    "read_global": ("anything",),
+    "write_global": ("anything", 1),
+    "set_inner_max_entries": (4096,),
     "btf": (),
     "load": (),
     "attach": (),
+    "test_run": (),
     "close": (),
     "detach": (),
 }

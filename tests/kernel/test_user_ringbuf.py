@@ -24,7 +24,7 @@ import pytest
 import aperf
 from aperf._native import libbpf as lb
 
-from ..helpers import BPF_DIR, open_fds, require_kernel
+from ..helpers import BPF_DIR, open_fds, require_kernel, take
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 RING = 16 * 1024
@@ -139,6 +139,38 @@ async def test_a_full_ring_times_out_with_nothing_written_then_drains_make_room(
         timer.join()
         assert echo.drain() == 1
         assert echo.counter(0) - filler > 1 and echo.counter(1) == 0
+
+
+async def test_the_docs_bpf_side_drains_only_when_its_trigger_is_pulled() -> None:
+    """docs/user-ringbuf.md's program (bpf/user_ringbuf_hello.bpf.c) drains at each
+    getppid() of the sender, which no event loop calls itself: a full ring times out a
+    send on asyncio, uvloop and trio alike (with a getpid() trigger, asyncio's and uvloop's
+    own getpid() calls drained it behind the sender's back and the send went through), and
+    each getppid() drains and echoes everything, in order."""
+    require_kernel()
+    with aperf.BPFObject(BPF_DIR / "user_ringbuf_hello.bpf.o") as obj:
+        obj.set_global("target_tgid", os.getpid())
+        obj.load()
+        obj.programs["drain"].attach()
+        with aperf.UserRingBuffer(obj.maps["to_bpf"], encoder="message") as urb:
+            async with aperf.PerfStream(obj.maps["from_bpf"], decoder="message") as echoed:
+                sent = 0
+                with pytest.raises(aperf.RingFullError):
+                    while True:
+                        urb.send_nowait({"seq": sent, "text": f"m{sent}"})
+                        sent += 1
+                assert sent == 4096 // (8 + 32)  # header and message, each record
+                with pytest.raises(aperf.RingFullError):
+                    await urb.send({"seq": sent}, timeout=0.3)  # no drain meanwhile
+                os.getppid()  # drains all of them
+                with anyio.fail_after(10):
+                    got = [event.value async for event in take(echoed, sent)]
+                    await urb.send({"seq": sent, "text": "last"})  # room again, at once
+                    os.getppid()
+                    got += [event.value async for event in take(echoed, 1)]
+        assert [(m.seq, m.text) for m in got] == [
+            *((i, f"m{i}") for i in range(sent)), (sent, "last")
+        ]
 
 
 async def test_waiting_senders_go_in_the_order_they_came(echo: Echo) -> None:
@@ -280,6 +312,30 @@ def test_values_are_encoded_by_the_specs_decoders_take(echo: Echo, spec: str) ->
         assert got[1].delta == 0 and got[1].values == (0, 0, 0)
         with aperf.UserRingBuffer(echo.map, encoder=chosen) as urb:
             assert decoder(urb.encode(got[0])) == got[0]  # a decoded record re-encodes
+
+
+class Chunk(ctypes.Structure):
+    """A message with a flexible tail: sizeof 16, the tail at 10."""
+
+    _fields_ = (("seq", ctypes.c_uint64), ("len", ctypes.c_uint16), ("data", ctypes.c_uint8 * 0))
+
+
+def test_flexible_tails_arrive_as_sent_and_decode_to_the_value(echo: Echo) -> None:
+    """Short tails (0 and 1 byte: ending in what would be sizeof's padding) and long
+    ones: the BPF side gets the fixed part and the tail, byte for byte, and what it
+    echoes decodes to the value sent."""
+    decode = aperf.decoders.from_ctypes(Chunk)
+    values = [(seq, len(tail), tail) for seq, tail in
+              enumerate([b"", b"x", b"abcdef", b"abcdefg", bytes(range(40))])]
+    with aperf.UserRingBuffer(echo.map, encoder=Chunk) as urb:
+        sent = [urb.encode(value) for value in values]
+        for value in values:
+            urb.send_nowait(value)
+        assert echo.drain() == len(values)
+    got = echo.echoed(len(values))
+    assert got == sent
+    assert [len(data) for data in got] == [10 + len(tail) for _, _, tail in values]
+    assert [decode(data) for data in got] == values
 
 
 def test_bad_values_name_the_field(echo: Echo) -> None:

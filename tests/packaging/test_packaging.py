@@ -32,7 +32,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = re.search(r'__version__ = "([^"]+)"', (REPO / "aperf" / "__init__.py").read_text())[1]
-SHIPPED = ("producer", "kinds", "bootstrap_legacy", "bootstrap")
+SHIPPED = ("producer", "kinds", "bootstrap_legacy", "bootstrap", "tracer")
+BPF_HEADER = "aperf/include/aperf/buffer.bpf.h"  # the BPF header programs include
 HEADER = "TIME     EVENT COMM             PID     PPID    FILENAME/EXIT CODE"
 ARCH = platform.machine()
 MANYLINUX = f"manylinux_2_17_{ARCH}"  # glibc 2.17: what the fast path's symbols allow
@@ -173,7 +174,7 @@ def test_sdist_carries_what_building_and_testing_need(dist: Dist) -> None:
         "tests/conftest.py", "tests/kernel/test_tracer.py", "tests/packaging/test_packaging.py",
         "docs/tutorial.md", "examples/bootstrap_legacy.py", "examples/service/app.py",
         "examples/service/static/index.html",
-        "scripts/test.sh", "scripts/check.sh", "aperf/_tools/trace/cli.py",
+        "scripts/test.sh", "scripts/check.sh", "aperf/_tools/trace/cli.py", BPF_HEADER,
         "aperf/_native/_speedups.c", "aperf/_native/_speedups.pyi",
         "tests/unit/test_speedups.py",
     }
@@ -204,12 +205,14 @@ def test_wheel_ships_the_objects_the_tool_and_the_metadata(dist: Dist, which: st
     assert not [n for n in names if n.endswith(".c")], "C sources in a wheel"
     for name in SHIPPED:
         assert f"aperf/_objects/{name}.bpf.o" in names
-    assert {"aperf/__main__.py", "aperf/_tools/trace/cli.py", "aperf/py.typed"} <= names
+    assert {"aperf/__main__.py", "aperf/_tools/trace/cli.py", "aperf/py.typed",
+            BPF_HEADER} <= names
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "aperf").rglob("*.py")}
     assert modules <= names, sorted(modules - names)  # every subpackage was found
     assert f"{info}/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("examples/", "tests/", "bpf/"))]
     assert "aperf-trace = aperf._tools.trace.cli:main" in entry_points
+    assert "[pytest11]\naperf = aperf.pytest_plugin" in entry_points  # pytest loads it
 
     assert metadata["License-Expression"] == "Apache-2.0"
     requires = metadata.get_all("Requires-Dist") or []
@@ -325,6 +328,53 @@ print(len(seen), counters.ok, counters.failed, fast)
     proc = run_in(venv, tmp_path, "python", "-c", script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1000", "1000", "0", str(which == "platform")]
+
+
+PROGRAM = r"""
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <aperf/buffer.bpf.h>
+
+char LICENSE[] SEC("license") = "GPL";
+APERF_BUFFER(events, 4096);
+
+SEC("raw_tp")
+int produce(void *ctx)
+{
+	__u64 seq = 7;
+
+	aperf_buffer_output(events, ctx, &seq, sizeof(seq));
+	return 0;
+}
+"""
+
+
+@pytest.mark.kernel
+def test_installed_header_builds_a_program_for_either_ring(
+    kernel: None, venv: Path, tmp_path: Path
+) -> None:
+    clang = shutil.which("clang")
+    assert clang is not None, "clang builds the BPF objects: scripts/setup.sh installs it"
+    include = run_in(venv, tmp_path, "python", "-m", "aperf", "--include-dir")
+    assert include.returncode == 0 and include.stdout.startswith(str(venv)), include
+    (tmp_path / "mine.bpf.c").write_text(PROGRAM)
+    multiarch = subprocess.run(["gcc", "-print-multiarch"], capture_output=True, text=True)
+    build = subprocess.run(
+        [clang, "-g", "-O2", "-target", "bpf", f"-I/usr/include/{multiarch.stdout.strip()}",
+         "-I", include.stdout.strip(), "-c", "mine.bpf.c", "-o", "mine.bpf.o"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )
+    assert build.returncode == 0, build.stderr
+    script = """
+import aperf
+for buffer in ("ringbuf", "perf"):
+    with aperf.BPFObject("mine.bpf.o", buffer=buffer) as obj:
+        obj.load()
+        print(obj.buffer, obj.maps["events"].type)
+"""
+    proc = run_in(venv, tmp_path, "python", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ringbuf", "27", "perf", "4"]
 
 
 @pytest.mark.kernel

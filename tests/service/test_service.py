@@ -17,9 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,25 +89,39 @@ def per_label(metrics: Metrics, name: str, label: str) -> dict[str, float]:
 class Service:
     """``python -m examples.service`` on a free loopback port; its JSON log in a file.
 
-    With ``token``, the service gets ``--token-file`` and ``http`` sends the token.
+    With ``token``, the service gets ``--token-file`` (mode 0600) and ``http`` sends the
+    token. With ``generated_token``, it makes its own in ``runtime`` (RUNTIME_DIRECTORY),
+    and ``http`` sends that one once the file is there. Otherwise ``--no-token``.
+    ``wrapper`` goes before the command (``prlimit ...``); stderr goes to the log unless
+    ``stderr`` says where.
     """
 
-    def __init__(self, log_path: Path, *args: str, token: str | None = None) -> None:
+    def __init__(self, log_path: Path, *args: str, token: str | None = None,
+                 generated_token: bool = False, wrapper: Sequence[str] = (),
+                 stderr: int = subprocess.STDOUT) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.token = token
+        self.runtime = log_path.with_name("run")
+        self.runtime.mkdir(mode=0o700, exist_ok=True)
+        self.token_path = self.runtime / f"token-127.0.0.1-{self.port}"
+        self.generated_token = generated_token
         headers = {}
         if token is not None:
             token_file = log_path.with_name("token")
             token_file.write_text(token + "\n")
+            token_file.chmod(0o600)
             args = ("--token-file", str(token_file), *args)
             headers["Authorization"] = f"Bearer {token}"
+        elif not generated_token:
+            args = ("--no-token", *args)
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "examples.service", "--host", "127.0.0.1",
+                [*wrapper, sys.executable, "-m", "examples.service", "--host", "127.0.0.1",
                  "--port", str(self.port), "--heartbeat", "0.5", *args],
-                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=stderr,
+                env={**os.environ, "RUNTIME_DIRECTORY": str(self.runtime)},
             )
         self.http = httpx.Client(base_url=self.base, timeout=TIMEOUT, headers=headers)
 
@@ -129,6 +144,10 @@ class Service:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"the service exited with {self.proc.returncode}:\n{self.log}")
+            if self.generated_token and self.token is None and self.token_path.exists():
+                # Written before the server starts: there once /health can answer.
+                self.token = self.token_path.read_text().strip()
+                self.http.headers["Authorization"] = f"Bearer {self.token}"
             try:
                 if self.http.get("/health").status_code == 200:
                     return
@@ -668,6 +687,34 @@ def test_reconnect_gets_what_it_missed_or_a_notice(roomy_service: Service) -> No
         assert "Last-Event-ID" in response.json()["error"]
 
 
+def test_history_gives_a_new_client_the_last_events_then_ready(roomy_service: Service) -> None:
+    service = roomy_service
+    spawn_burst(10)  # 22 events at least
+    wait_published(service, 20)
+    newest = published(service)
+    # A page asks for the last events; `ready` (no id) says it has everything up to where
+    # it came, and counts it among the clients.
+    with httpx.Client(base_url=service.base, timeout=TIMEOUT) as http, \
+            http.stream("GET", "/events?history=20") as response:
+        assert response.status_code == 200
+        messages: list[Message] = []
+        for message in parse_sse(lines_until_timeout(response)):
+            messages.append(message)
+            if message.event == "ready":
+                break
+    *history, ready = messages
+    assert ready.id is None and ready.json() == {"clients": 1}
+    seqs = [event_seq(m) for m in history]
+    assert len(seqs) == 20 and seqs == list(range(seqs[0], seqs[0] + 20))
+    assert seqs[-1] >= newest  # up to the newest event when it came
+    assert all(m.event in ("message", "lost") for m in history)
+    for bad in ("-1", "x", "", "1e3", "٣", "9" * 5000, "0x10"):
+        response = service.http.get("/events", params={"history": bad})
+        assert response.status_code == 400, bad
+        assert "history=" in response.json()["error"]
+        assert len(response.text) < 200
+
+
 def test_events_carry_the_kernel_time(service: Service) -> None:
     fast = FastClient(service.base)
     try:
@@ -703,10 +750,13 @@ def test_events_carry_the_kernel_time(service: Service) -> None:
 
 
 def run_service(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "examples.service", "--host", "127.0.0.1", *args],
-        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-    )
+    """The service run to its end (a failure), its token (if it makes one) kept to itself."""
+    with tempfile.TemporaryDirectory() as runtime:
+        return subprocess.run(
+            [sys.executable, "-m", "examples.service", "--host", "127.0.0.1", *args],
+            cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "RUNTIME_DIRECTORY": runtime},
+        )
 
 
 def assert_one_line_failure(result: subprocess.CompletedProcess[str], expected: str) -> None:

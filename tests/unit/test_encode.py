@@ -6,6 +6,8 @@ import ctypes
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import aperf
 from aperf._decoding.decode import from_ctypes as decoder_of
@@ -55,6 +57,42 @@ def test_a_flexible_tail_is_appended() -> None:
     assert data == struct.pack("<I", 3) + b"xyz"
     assert decode(data) == (3, b"xyz")
     assert encode(decode(data)) == data
+
+
+class PaddedTail(ctypes.Structure):
+    """sizeof 16, the tail at 10: a tail of up to 6 bytes ends inside the padding."""
+
+    _fields_ = (("seq", ctypes.c_uint64), ("len", ctypes.c_uint16), ("data", ctypes.c_uint8 * 0))
+
+
+class TextTail(ctypes.Structure):
+    """sizeof 8, the tail (char[]) at 5."""
+
+    _fields_ = (("a", ctypes.c_uint32), ("b", ctypes.c_int8), ("text", ctypes.c_char * 0))
+
+
+U32 = st.integers(0, 2**32 - 1)
+TAILED = {  # each struct with a tail, and its fixed fields' values
+    PaddedTail: (st.integers(0, 2**64 - 1), st.integers(0, 2**16 - 1)),
+    TextTail: (U32, st.integers(-128, 127)),
+    WithTail: (U32,),
+}
+
+
+@given(st.data())
+def test_flexible_tails_of_any_length_round_trip(data: st.DataObject) -> None:
+    """decode(encode(v)) == v for every tail, the short ones too (0 or 1 byte, or any
+    that ends before sizeof): the message is the fixed part and the tail, no padding."""
+    cls = data.draw(st.sampled_from(list(TAILED)))
+    decode, encode = decoder_of(cls), from_ctypes(cls)
+    fixed = [data.draw(field) for field in TAILED[cls]]
+    tail = data.draw(st.binary(max_size=24) | st.binary(max_size=1))
+    value = (*fixed, tail)
+    encoded = encode(value)
+    assert len(encoded) == decode.size + len(tail)
+    assert decode(encoded) == value
+    names = [name for name, _ in cls._fields_]
+    assert decode(encode(dict(zip(names, value, strict=True)))) == value
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,13 @@ import pytest
 
 import aperf
 from aperf._events import tagged
-from aperf._reading.multi import STRIDE, offset_of
 from aperf._rings.perf.fake import _FakeRing
+from aperf._rings.seam import MAP_KEY_STRIDE as STRIDE
 from aperf._rings.seam import SourceEnded
+from aperf._rings.seam import map_key_offset as offset_of
 from aperf.testing import FakeRingSource
+
+from ..helpers import past_the_first_look
 
 REC = struct.Struct("<QQ")
 
@@ -33,7 +36,7 @@ def fakes(ring_bytes: int = 4096) -> tuple[FakeRingSource, FakeRingSource]:
 
 def test_an_unknown_decoder_name_is_a_value_error_naming_it() -> None:
     a, b = fakes()
-    with pytest.raises(ValueError, match=r"no map named 'c'.*'a', 'b'"):
+    with pytest.raises(aperf.ArgumentError, match=r"no map named 'c'.*'a', 'b'"):
         aperf.PerfStream({"a": a, "b": b}, decoder={"c": REC})
     with pytest.raises(ValueError, match="no map named 'c'"):
         aperf.PerfBuffer({"a": a, "b": b}, decoder={"c": REC}, on_sample=print)
@@ -296,7 +299,7 @@ async def test_a_map_taken_over_ends_the_stream_after_the_others_are_drained() -
     try:
         wakeup = aperf.Wakeup.every(1000, max_latency=60)  # nothing read before the notice
         async with aperf.PerfStream({"a": a, "t": taken}, wakeup=wakeup) as stream:
-            await anyio.sleep(0.05)
+            await past_the_first_look(stream, a, taken)
             for i in range(10):
                 assert a.write(i % 2, i.to_bytes(4, "little"))
                 assert taken.write(i % 2, i.to_bytes(4, "little"))
@@ -336,6 +339,21 @@ async def test_hotplug_notices_go_to_their_map_with_its_keys() -> None:
 
 
 # --- several maps in time order ------------------------------------------------------
+
+
+def test_an_order_by_field_one_map_lacks_names_that_map() -> None:
+    a, b = fakes()
+    both = aperf.decoders.from_struct(REC, names=("seq", "ts"))
+    other = aperf.decoders.from_struct(REC, names=("seq", "stamp"))
+    with pytest.raises(aperf.ArgumentError) as info:
+        aperf.PerfStream({"a": a, "b": b}, decoder={"a": both, "b": other}, order_by="ts")
+    assert isinstance(info.value, ValueError) and info.value.argument == "order_by"
+    assert str(info.value) == (
+        "map 'b': order_by='ts': the decoder's records have no field 'ts' (fields: seq, stamp)"
+    )
+    with pytest.raises(aperf.ArgumentError, match=r"^map 'a': order_by='t-s' is not a field"):
+        aperf.PerfBuffer({"a": a, "b": b}, decoder=both, order_by="t-s", on_sample=print)
+
 
 
 async def test_several_maps_merge_in_time_order_with_losses_in_place() -> None:

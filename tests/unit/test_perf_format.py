@@ -10,7 +10,7 @@ import aperf
 from aperf._rings.perf.format import PerfRing, split_span
 from aperf._rings.perf.source import perf_wakeup
 from aperf._rings.seam import Run, payloads_of
-from aperf.testing import FakeRingMemory, encode_lost, encode_sample
+from aperf.testing import FakeRingMemory, FakeRingSource, encode_lost, encode_sample
 
 
 def test_record_wrapping_the_ring_end_is_reassembled() -> None:
@@ -125,8 +125,17 @@ def test_wakeup_policies_validate() -> None:
     assert aperf.Wakeup.every(1) == aperf.Wakeup.per_sample()
     assert perf_wakeup(aperf.Wakeup.balanced(), 512 * 1024) == (0, 128 * 1024)
     assert perf_wakeup(aperf.Wakeup.every(64), 4096) == (64, 0)
-    with pytest.raises(ValueError, match="unknown wakeup preset"):
+    with pytest.raises(aperf.ArgumentError, match="unknown wakeup preset") as info:
         aperf.Wakeup.named("fast")
+    assert isinstance(info.value, ValueError) and info.value.argument == "wakeup"
+    src = FakeRingSource(cpus=[0])
+    with pytest.raises(aperf.ArgumentError, match="unknown wakeup preset 'fast'"):
+        aperf.PerfStream(src, wakeup="fast")  # as the stream says it, typed as the API's
+    for bad, argument in (({"max_pending": 0}, "max_pending"),
+                          ({"decode_errors": "ignore"}, "decode_errors")):
+        with pytest.raises(aperf.ArgumentError) as info:
+            aperf.PerfStream(src, **bad)  # type: ignore[call-overload]
+        assert info.value.argument == argument
     with pytest.raises(ValueError, match="need max_latency"):
         aperf.Wakeup(events=64)
     with pytest.raises(ValueError, match="idle_latency"):

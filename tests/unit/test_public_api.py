@@ -169,3 +169,17 @@ def test_help_shows_no_link_markup(driver: type) -> None:
     text = pydoc.render_doc(driver, renderer=pydoc.plaintext)
     assert "called as on_sample(sample)" in text.replace("``", "")
     assert not re.search(r"\]\[[\w.]*\]", text), "raw mkdocs cross-reference in help()"
+
+
+@pytest.mark.parametrize("cls", [aperf.PerfStream, aperf.PerfBuffer], ids=lambda c: c.__name__)
+def test_help_ends_with_aperfs_text_not_typing_generics(cls: Any) -> None:
+    import pydoc
+    import typing
+
+    text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+    for generic in ("typing.Generic", "Parameterizes a generic class", "__orig_bases__",
+                    "__init_subclass__", "__parameters__"):
+        assert generic not in text, generic
+    assert text.rstrip().endswith("the class whose values are ``T``.")
+    # Still generic where it matters: in annotations, for checkers and at run time.
+    assert typing.get_origin(cls[int]) is cls and typing.get_args(cls[int]) == (int,)

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 import aperf
 from aperf._native import speedups
-from aperf._native.libbpf.api import RingMemory
+from aperf._native.libbpf.perf_buffer import RingMemory
 from aperf._reading import build
 from aperf._reading.build import EventBuilder
 from aperf._reading.looks import _pure_busy_rings
@@ -340,6 +340,37 @@ def test_differential_ring_watch(compiled: Any) -> None:
         watch.busy(rings)
     assert watch.busy({}) == []
     source.free()
+
+
+def test_a_ring_asking_the_watch_again_is_refused(compiled: Any) -> None:
+    """A ring's ``pending_bytes()`` is Python code: a nested ``busy()`` (or ``forget()``)
+    from there would swap the entries the outer walk is reading (on another dict, its
+    keys: a wrong answer, or memory freed under it). The watch refuses it instead."""
+    watch = compiled.RingWatch()
+    pages = [ControlPage(64, bytes(64)) for _ in range(3)]  # kept: the rings' memory
+    other = {k: PerfRing(k, 0, RingMemory(pages[k].base)) for k in range(3)}
+    nested: list[Any] = []
+
+    class Asking:
+        def __init__(self, call: Callable[[], Any]) -> None:
+            self.call = call
+
+        def pending_bytes(self) -> int:
+            try:
+                nested.append(self.call())
+            except RuntimeError as exc:
+                nested.append(exc)
+            return 0
+
+    page = ControlPage(64, bytes(64))
+    page.set(8, 0)
+    busy = PerfRing(9, 0, RingMemory(page.base))
+    for call in (lambda: watch.busy(other), watch.forget):
+        nested.clear()
+        assert watch.busy({1: Asking(call), 9: busy}) == [9]
+        assert len(nested) == 1 and isinstance(nested[0], RuntimeError), nested
+        assert "called from a ring it asks" in str(nested[0])
+    assert watch.busy(other) == []  # the watch works again after the refusal
 
 
 # --- events ----------------------------------------------------------------------------------

@@ -133,6 +133,14 @@ class FakeEbpf:
     def live_buffers(self) -> int:
         return int(self.lib.fake_live_buffers())
 
+    def leaked_events(self) -> int:
+        """Events whose handle is closed but that a map's ring still references (#5206)."""
+        return int(self.lib.fake_leaked_events())
+
+    def set_fixed_5206(self, fixed: bool) -> None:
+        """Model a DLL where clearing a ring's wait handle works (#5206 fixed), or not."""
+        self.lib.fake_set_fixed_5206(int(fixed))
+
     def waiters(self, handle: int) -> int:
         return int(self.lib.fake_waiters(handle))
 
@@ -179,7 +187,13 @@ def fake_session(fake_library: Path) -> Iterator[FakeEbpf]:
     os.environ[EBPFAPI_ENV] = str(fake_library)
     os.environ[KERNEL32_ENV] = str(fake_library)
     try:
-        yield FakeEbpf(fake_library)
+        fake = FakeEbpf(fake_library)
+        # aperf's one parking event (#5206) lives as long as the process: made now, it is
+        # in every test's count of open handles from the start.
+        from aperf._native.ebpfapi.api import parking_handle
+
+        parking_handle()
+        yield fake
     finally:
         for key, value in saved.items():
             if value is None:

@@ -43,6 +43,13 @@
  *     _ring_buffer_notify_consumer); a full ring fails the output with nothing counted (the
  *     kernel keeps no lost count for ring buffers). ring_buffer__free clears the map's wait
  *     handle, unmaps and closes the event.
+ *   - wait handles (libs/api/ebpf_api.cpp ebpf_map_set_wait_handle, libs/runtime/ebpf_ring_buffer.c
+ *     ebpf_ring_buffer_set_wait_handle and ebpf_ring_buffer_destroy): the kernel holds a
+ *     reference to a ring's wait event (ObReferenceObjectByHandle) until another is set or the
+ *     map is freed, so closing the handle does not free the event. Setting ebpf_handle_invalid,
+ *     which perf_buffer__free and ring_buffer__free do to clear it, fails in kernel mode
+ *     (issue #5206, open at 0be2d1c3f36c): the reference is kept, the event leaked for as long
+ *     as the map lives. fake_set_fixed_5206(1) models a DLL where that is fixed.
  *
  * Test-only exports start with fake_: create maps, output samples as a BPF program
  * would (on a given CPU), pin, and count misuse (a handle closed while a thread waits
@@ -92,7 +99,8 @@ typedef struct event {
     int live;
     int manual;
     int signalled;
-    int waiters; /* threads inside a WaitFor* on it */
+    int waiters;     /* threads inside a WaitFor* on it */
+    int kernel_refs; /* rings whose wait event it is: the object outlives its handle */
 } event_t;
 
 #define MAX_EVENTS 4096
@@ -118,7 +126,7 @@ HANDLE CreateEventW(void *attributes, BOOL manual_reset, BOOL initial, const voi
     (void)name;
     pthread_mutex_lock(&k_lock);
     for (int i = 0; i < MAX_EVENTS; i++) {
-        if (!events[i].live && events[i].waiters == 0) {
+        if (!events[i].live && events[i].waiters == 0 && events[i].kernel_refs == 0) {
             events[i] = (event_t){.live = 1, .manual = !!manual_reset, .signalled = !!initial};
             pthread_mutex_unlock(&k_lock);
             return (HANDLE)(uintptr_t)(i + 1);
@@ -284,12 +292,24 @@ static int new_fd(map_t *m) { /* m_lock held */
     return -EMFILE;
 }
 
+static void kernel_deref(HANDLE h) { /* ObDereferenceObject of a ring's wait event */
+    uintptr_t i = (uintptr_t)h;
+    if (i == 0 || i > MAX_EVENTS)
+        return;
+    pthread_mutex_lock(&k_lock);
+    if (events[i - 1].kernel_refs > 0)
+        events[i - 1].kernel_refs--;
+    pthread_mutex_unlock(&k_lock);
+}
+
 static void unref(map_t *m) { /* m_lock held */
     if (--m->refs)
         return;
     for (int i = 0; i < MAX_FDS; i++)
         if (maps[i] == m)
             maps[i] = NULL;
+    for (int c = 0; c < m->ncpus; c++)
+        kernel_deref(m->rings[c].wait_handle); /* ebpf_ring_buffer_destroy */
     for (int c = 0; c < m->ncpus; c++) {
         pthread_mutex_destroy(&m->rings[c].producer);
         free(m->rings[c].data);
@@ -504,6 +524,57 @@ uint64_t fake_lost(int fd, uint32_t cpu) {
     return lost;
 }
 
+/* ------------------------------------------------------------ wait handles */
+
+static int fixed_5206;
+void fake_set_fixed_5206(int fixed) { fixed_5206 = fixed; }
+
+/* ebpf_ring_buffer_set_wait_handle on ring `index` of `m`: reference the new event, store
+ * it, dereference the old one. ebpf_handle_invalid fails (#5206) unless fixed_5206. */
+static int set_wait(map_t *m, uint64_t index, ebpf_handle_t handle) {
+    if (index >= (uint64_t)m->ncpus)
+        return EBPF_INVALID_ARGUMENT;
+    pthread_mutex_lock(&k_lock);
+    event_t *e = event_of((HANDLE)handle);
+    if (e)
+        e->kernel_refs++;
+    pthread_mutex_unlock(&k_lock);
+    if (!e && !(fixed_5206 && handle == (ebpf_handle_t)-1))
+        return EBPF_INVALID_ARGUMENT; /* ObReferenceObjectByHandle failed: nothing changes */
+    ring_t *r = &m->rings[index];
+    pthread_mutex_lock(&r->producer);
+    HANDLE old = r->wait_handle;
+    r->wait_handle = e ? (HANDLE)handle : NULL;
+    pthread_mutex_unlock(&r->producer);
+    kernel_deref(old);
+    return EBPF_SUCCESS;
+}
+
+int ebpf_map_set_wait_handle(fd_t map_fd, uint64_t index, ebpf_handle_t handle) {
+    pthread_mutex_lock(&m_lock);
+    map_t *m = map_of(map_fd);
+    if (m)
+        m->refs++;
+    pthread_mutex_unlock(&m_lock);
+    if (!m)
+        return EBPF_INVALID_FD;
+    int result = set_wait(m, index, handle);
+    pthread_mutex_lock(&m_lock);
+    unref(m);
+    pthread_mutex_unlock(&m_lock);
+    return result;
+}
+
+/* Events whose handle was closed but that a ring still references: leaked until the map goes. */
+int fake_leaked_events(void) {
+    int n = 0;
+    pthread_mutex_lock(&k_lock);
+    for (int i = 0; i < MAX_EVENTS; i++)
+        n += !events[i].live && events[i].kernel_refs > 0;
+    pthread_mutex_unlock(&k_lock);
+    return n;
+}
+
 /* ------------------------------------------------------------ perf buffer */
 
 typedef void (*perf_buffer_sample_fn)(void *ctx, int cpu, void *data, uint32_t size);
@@ -557,9 +628,7 @@ struct perf_buffer *perf_buffer__new(int map_fd, size_t page_cnt, perf_buffer_sa
     pb->lost_seen = calloc((size_t)pb->count, sizeof(uint64_t));
     for (int c = 0; c < pb->count; c++) {
         ring_t *r = &m->rings[c];
-        pthread_mutex_lock(&r->producer);
-        r->wait_handle = pb->wait_handle;
-        pthread_mutex_unlock(&r->producer);
+        (void)set_wait(m, (uint64_t)c, (ebpf_handle_t)pb->wait_handle);
         pb->lost_seen[c] = __atomic_load_n(&r->lost_records, __ATOMIC_ACQUIRE);
     }
     pthread_mutex_lock(&m_lock);
@@ -662,12 +731,8 @@ ebpf_handle_t ebpf_perf_buffer_get_wait_handle(const struct perf_buffer *pb) {
 void perf_buffer__free(struct perf_buffer *pb) {
     if (!pb || !valid(pb))
         return;
-    for (int c = 0; c < pb->count; c++) {
-        ring_t *r = &pb->map->rings[c];
-        pthread_mutex_lock(&r->producer);
-        r->wait_handle = NULL; /* ebpf_map_set_wait_handle(fd, cpu, invalid) */
-        pthread_mutex_unlock(&r->producer);
-    }
+    for (int c = 0; c < pb->count; c++)
+        (void)set_wait(pb->map, (uint64_t)c, (ebpf_handle_t)-1); /* fails: #5206 */
     CloseHandle(pb->wait_handle);
     pb->magic = 0; /* a later use is counted as misuse (the memory is kept for that) */
     pthread_mutex_lock(&m_lock);
@@ -792,10 +857,7 @@ struct ring_buffer *ring_buffer__new(int map_fd, ring_buffer_sample_fn sample_cb
     rb->magic = RB_MAGIC;
     rb->map = m;
     rb->wait_handle = CreateEventW(NULL, 1, 0, NULL);
-    ring_t *r = &m->rings[0];
-    pthread_mutex_lock(&r->producer);
-    r->wait_handle = rb->wait_handle; /* ebpf_map_set_wait_handle(map_fd, 0, handle) */
-    pthread_mutex_unlock(&r->producer);
+    (void)set_wait(m, 0, (ebpf_handle_t)rb->wait_handle); /* ebpf_map_set_wait_handle */
     pthread_mutex_lock(&m_lock);
     live_buffers++;
     pthread_mutex_unlock(&m_lock);
@@ -835,10 +897,7 @@ ebpf_handle_t ebpf_ring_buffer_get_wait_handle(struct ring_buffer *rb) {
 void ring_buffer__free(struct ring_buffer *rb) {
     if (!rb || !valid_rb(rb))
         return;
-    ring_t *r = &rb->map->rings[0];
-    pthread_mutex_lock(&r->producer);
-    r->wait_handle = NULL;
-    pthread_mutex_unlock(&r->producer);
+    (void)set_wait(rb->map, 0, (ebpf_handle_t)-1); /* fails: #5206 */
     CloseHandle(rb->wait_handle);
     rb->magic = 0; /* a later use is counted as misuse (the memory is kept for that) */
     pthread_mutex_lock(&m_lock);

@@ -142,6 +142,33 @@ def test_free_releases_buffer_handle_and_fd_in_order(fake: FakeEbpf, perf_map: i
     source.acknowledge(ring0.handle)  # a late reset after free touches nothing
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["issue-5206", "fixed-dll"])
+def test_freeing_leaks_no_wait_event_while_the_map_lives(
+    fake: FakeEbpf, perf_map: int, fixed: bool
+) -> None:
+    # eBPF for Windows #5206: perf_buffer__free clears the rings' wait handle with
+    # ebpf_handle_invalid, which fails in kernel mode, so the kernel kept a reference to
+    # the buffer's event (closed by the free) until the map went away. aperf parks the
+    # rings on an event of its own first: nothing leaks, whether or not the DLL is fixed.
+    fake.set_fixed_5206(fixed)
+    try:
+        for _ in range(3):
+            source = WindowsPerfSource(perf_map)
+            source.open(CONFIG)
+            source.free()
+            assert fake.leaked_events() == 0  # and the map is still open
+        # The next reader's wait handle is signalled by what the program writes.
+        source = WindowsPerfSource(perf_map)
+        ring0, ring1 = source.open(CONFIG)
+        try:
+            assert fake.output(perf_map, 1, payload(7))
+            assert win.wait_one(ring0.handle, 1000) and records(ring1) == [payload(7)]
+        finally:
+            source.free()
+    finally:
+        fake.set_fixed_5206(False)
+
+
 def test_pinned_path_and_map_type(fake: FakeEbpf, perf_map: int) -> None:
     fake.pin(perf_map, "/ebpf/global/aperf_events")
     source = WindowsPerfSource("/ebpf/global/aperf_events")

@@ -12,6 +12,8 @@ bytes in and out, no ctypes type leaves this module.
   kernel32 event and wait calls the waiters need.
 - map fds: ``map_info()``, ``pinned_map_fd()``, ``duplicate_fd()``,
   ``close_fd()``.
+- ``park()``: before either buffer is freed, its rings are pointed at one event of the
+  process's own, so that the buffer's event is not leaked (eBPF for Windows #5206).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Sequence
 
-from ..._errors import LibbpfError, Win32Error
+from ..._errors import LibbpfError, LibbpfUnavailableError, Win32Error
 from ..prototypes import MapInfo, park_callback_error, read_map_info
 from . import binding as c
 
@@ -112,6 +115,43 @@ class Event:
             c.CloseHandle(handle)
 
 
+# --- eBPF for Windows #5206: a parking event for freed buffers' rings ------------------------
+
+_parking: Event | None = None
+_parking_lock = threading.Lock()
+
+
+def parking_handle() -> int:
+    """One manual-reset event per process, never closed, that nobody waits on: where
+    ``park()`` points the rings of a buffer about to be freed."""
+    global _parking
+    with _parking_lock:
+        if _parking is None:
+            _parking = Event(manual_reset=True)
+        return _parking.handle
+
+
+def park(map_fd: int, indices: Iterable[int]) -> None:
+    """Point the rings ``indices`` of the map at the parking event, before
+    ``perf_buffer__free``/``ring_buffer__free``.
+
+    Those free calls clear each ring's wait handle by setting ``ebpf_handle_invalid``,
+    which fails in kernel mode (eBPF for Windows #5206, open): the kernel keeps its
+    reference to the buffer's event, which outlives its closed handle for as long as the
+    map lives. Setting a valid event instead releases that reference (the kernel
+    dereferences the old event whenever it takes a new one), so the buffer's event is
+    freed with its handle, and the one parking event is all that stays referenced.
+    Where #5206 is fixed, the free call then clears the parking event as well.
+    Best-effort: a DLL that refuses it leaves things as they were (the leak, no worse).
+    """
+    try:
+        handle = parking_handle()
+        for index in indices:
+            c.ebpf_map_set_wait_handle(map_fd, index, handle)
+    except (LibbpfError, LibbpfUnavailableError, Win32Error):
+        pass  # the free goes on: only the mitigation is lost
+
+
 # --- the synchronous perf buffer ------------------------------------------------------------
 
 Record = bytes | int
@@ -131,6 +171,8 @@ class SyncPerfBuffer:
 
     def __init__(self, map_fd: int) -> None:
         self._out: list[Record] | None = None
+        self._map_fd = map_fd  # the caller's, open until after free()
+        self.count = 0
         # Kept alive as long as the buffer: C holds these pointers.
         self._sample_fn = c.PERF_SAMPLE_FN(self._on_sample)
         self._lost_fn = c.PERF_LOST_FN(self._on_lost)
@@ -178,9 +220,11 @@ class SyncPerfBuffer:
         return out
 
     def free(self) -> None:
-        """``perf_buffer__free``: unmaps the rings and closes the wait handle. Idempotent."""
+        """``perf_buffer__free``: unmaps the rings and closes the wait handle (its rings
+        parked first: ``park()``). Idempotent."""
         pb, self._pb = self._pb, 0
         if pb:
+            park(self._map_fd, range(self.count))
             c.perf_buffer__free(pb)
 
 
@@ -218,6 +262,7 @@ class SyncRingBuffer:
     """
 
     def __init__(self, map_fd: int) -> None:
+        self._map_fd = map_fd  # the caller's, open until after free()
         self.consumer: memoryview | None = None
         self.producer: memoryview | None = None
         self.data: memoryview | None = None
@@ -259,4 +304,5 @@ class SyncRingBuffer:
         self.consumer = self.producer = self.data = None
         rb, self._rb = self._rb, 0
         if rb:
+            park(self._map_fd, (0,))
             c.ring_buffer__free(rb)

@@ -16,12 +16,10 @@ import errno as _errno
 import os
 import sys
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 from ..._errors import LibbpfError, LibbpfUnavailableError, MissingPrivilegesError
-from ..prototypes import ErrCheck, Prototype, check_negative, check_nothing, check_null
-from ..prototypes import park_callback_error as park_callback_error  # for api's callbacks
+from ..prototypes import Declarations
+from ..prototypes import park_callback_error as park_callback_error  # for the callbacks
 
 LIBBPF_ENV = "APERF_LIBBPF"
 """Environment variable naming the libbpf shared library to load instead of ``libbpf.so.1``."""
@@ -103,28 +101,8 @@ def _missing(name: str) -> Exception:
     return LibbpfUnavailableError(f"the loaded libbpf has no {name}(); {INSTALL_HINT}")
 
 
-def _declare(name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck) -> Prototype:
-    """A libbpf function declared now, bound on first call (importing aperf loads nothing)."""
-    return Prototype(library, _missing, name, restype, argtypes, errcheck)
-
-
-_check_negative = check_negative(error_for)
-_check_null = check_null(error_for)
-
-
-def int_fn(name: str, *argtypes: Any) -> Prototype:
-    """A function returning ``int``: negative is ``-errno``."""
-    return _declare(name, ctypes.c_int, argtypes, _check_negative)
-
-
-def ptr_fn(name: str, *argtypes: Any) -> Prototype:
-    """A function returning a pointer: NULL means failure, with ``errno`` set."""
-    return _declare(name, ctypes.c_void_p, argtypes, _check_null)
-
-
-def plain_fn(name: str, restype: Any, *argtypes: Any) -> Prototype:
-    """A function with no error convention (a getter, an iterator, or void)."""
-    return _declare(name, restype, argtypes, check_nothing)
+_libbpf = Declarations(library, _missing, error_for)
+int_fn, ptr_fn, plain_fn = _libbpf.int_fn, _libbpf.ptr_fn, _libbpf.plain_fn
 
 
 def version() -> tuple[int, int]:
@@ -173,6 +151,17 @@ bpf_map__max_entries = plain_fn("bpf_map__max_entries", ctypes.c_uint32, ctypes.
 bpf_map__key_size = plain_fn("bpf_map__key_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__value_size = plain_fn("bpf_map__value_size", ctypes.c_uint32, ctypes.c_void_p)
 bpf_map__set_max_entries = int_fn("bpf_map__set_max_entries", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map__set_type = int_fn("bpf_map__set_type", ctypes.c_void_p, ctypes.c_int)
+bpf_map__set_key_size = int_fn("bpf_map__set_key_size", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map__set_value_size = int_fn("bpf_map__set_value_size", ctypes.c_void_p, ctypes.c_uint32)
+bpf_map__inner_map = plain_fn("bpf_map__inner_map", ctypes.c_void_p, ctypes.c_void_p)
+bpf_map_create = int_fn(
+    "bpf_map_create", ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+    ctypes.c_uint32, ctypes.c_void_p,
+)
+bpf_map_get_fd_by_id = int_fn("bpf_map_get_fd_by_id", ctypes.c_uint32)
+# 1 supported, 0 not, negative an error; the second argument is reserved (NULL).
+libbpf_probe_bpf_map_type = int_fn("libbpf_probe_bpf_map_type", ctypes.c_int, ctypes.c_void_p)
 bpf_map__initial_value = plain_fn(
     "bpf_map__initial_value", ctypes.c_void_p, ctypes.c_void_p, c_size_t_p
 )

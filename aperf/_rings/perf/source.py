@@ -23,6 +23,7 @@ from ..._errors import (
 )
 from ..._log import log
 from ..._native import libbpf as lb
+from ..._native.libc.functions import rcu_grace_period
 from ..._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup, budget_ring_bytes
 from ..map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
@@ -395,7 +396,7 @@ class PerfEventArraySource(MapBackedSource):
         paused = self._paused
         self.pause()
         try:
-            lb.rcu_grace_period()
+            rcu_grace_period()
             return [(ring.key, ring.newest()) for ring in self._overwrite]
         finally:
             if not paused:
@@ -445,19 +446,35 @@ class PerfEventArraySource(MapBackedSource):
         elif self._cpu_watch is not None and handle == self._cpu_watch.fd:
             self._announced.extend(self._cpu_watch.changes())
 
+    def quiesce(self) -> None:
+        """Before the close's last drain (``QuiescingSource``): empty every slot of this
+        source's rings and wait for the BPF programs that read one before to return, so
+        that nothing is written into the rings between that drain and their free (it
+        would be freed with them, neither delivered nor counted). From then on the
+        BPF side's output fails with -ENOENT, as while paused. Idempotent."""
+        if self._rings is None or self._ended is not None:
+            return  # not open, or taken over: the slots are not ours any more
+        self._empty_slots()
+        self._paused = True
+
+    def _empty_slots(self) -> None:
+        """Empty the slots of every ring of ours, then wait until no BPF program that
+        read one before is still writing into it (an RCU grace period)."""
+        rings = self._rings
+        if rings is None:
+            return
+        perfs = (rings, *(a.rings for a in self._added.values()))
+        lb.delete_slots(self._map_fd, [ring.slot for perf in perfs for ring in perf.rings])
+        rcu_grace_period()
+
     def _give_up(self) -> bool:
         """Taken over: empty our slots (the BPF side gets -ENOENT until the taker's are
         in), wait for BPF programs writing through them to finish, then point our map
         fd at /dev/null: perf_buffer__free deletes slots through it, and they will be
         the taker's. Our rings keep what was written: the reader drains them."""
-        rings = self._rings
-        if rings is not None:
-            added = list(self._added.values())
-            perfs = (rings, *(a.rings for a in added))
-            slots = [ring.slot for perf in perfs for ring in perf.rings]
-            lb.delete_slots(self._map_fd, slots)
-            lb.rcu_grace_period()
-            for fd in (self._map_fd, *(a.map_fd for a in added)):
+        if self._rings is not None:
+            self._empty_slots()
+            for fd in (self._map_fd, *(a.map_fd for a in self._added.values())):
                 _point_at_null(fd)
         return True
 

@@ -125,6 +125,8 @@ class RingBufferRing:
     ``data``, if given, is the doubly mapped data area on its own (at
     ``data_offset`` in it), where the producer page is mapped apart from it
     (eBPF for Windows hands out the two pages and the data as three pointers).
+    ``key`` is ``NO_CPU`` for a map's one ring, a ring's index (its CPU) in a map of
+    ring buffers.
     Slices of the memory are copies: an mmap's are; a memoryview is read through copies.
     """
 
@@ -145,13 +147,14 @@ class RingBufferRing:
         more: Callable[[], None] | None = None,
         fence: Callable[[], None] = full_fence,
         data: Any = None,
+        key: int = NO_CPU,
     ) -> None:
         if size <= 0 or size & (size - 1) or size % 8:
             raise ValueError(f"ring buffer size {size} is not a power of two of at least 8")
         memory = producer if data is None else data
         if len(memory) < data_offset + 2 * size or data_offset % 8:
             raise ValueError("the data mapping must hold the data area twice, 8-aligned")
-        self.key = NO_CPU
+        self.key = key  # NO_CPU, or a ring's index in a per-CPU ring buffer map (its CPU)
         self.handle = handle
         self.size = size
         self._mask = size - 1
@@ -193,7 +196,7 @@ class RingBufferRing:
             step = record_step(word)
             if step > prod - pos:
                 raise BrokenRingError(
-                    NO_CPU, f"record at position {pos} claims {step} bytes, {prod - pos} written"
+                    self.key, f"record at position {pos} claims {step} bytes, {prod - pos} written"
                 )
             count = (prod - pos) // step
             pos += step if count < 2 else step * _run_length(memory, at, step, count, word)
@@ -219,7 +222,7 @@ class RingBufferRing:
                 continue
             if avail < 0 or avail > size:
                 raise BrokenRingError(
-                    NO_CPU,
+                    self.key,
                     f"producer {prod} and consumer {cons} are {avail} bytes apart "
                     f"in a {size}-byte ring",
                 )

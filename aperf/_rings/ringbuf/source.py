@@ -19,19 +19,17 @@ reader), so that the reader comes back for them.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
-import platform
-import select
 from collections.abc import Callable, Sequence
 
-from ..._errors import AperfError, BusyResourceError, RingSizeError
+from ..._bpf.object import DropCounter
+from ..._errors import BusyResourceError, RingSizeError
 from ..._options import PAGE_SIZE
 from .. import map_spec as maps
-from ..map_spec import RING_ACCESS_ENV, MapBackedSource, ring_access
+from ..map_spec import MapBackedSource
 from ..seam import HandleKind, RecordFormat, RingConfig
 from .format import RINGBUF_RECORDS, RingBufferRing
+from .mapping import MappedRing, check_dropped, check_ring_access, own_drop_counter
 
 
 class RingBufferSource(MapBackedSource):
@@ -42,6 +40,8 @@ class RingBufferSource(MapBackedSource):
     side's own count of failed ``bpf_ringbuf_output``/``bpf_ringbuf_reserve``
     calls (the kernel counts none). The stream then reports drops as
     [`aperf.Lost`][aperf.Lost] events and in its statistics (``lost_counter="exact"``).
+    A map declared with ``APERF_BUFFER`` (``<aperf/buffer.bpf.h>``) brings that count
+    along: without ``dropped``, the source reads the header's own.
 
     Samples carry ``cpu=-1`` ([`aperf.NO_CPU`][aperf.NO_CPU]): one ring serves every CPU.
     The ring's size is the map's ``max_entries``, fixed when the map is
@@ -67,15 +67,9 @@ class RingBufferSource(MapBackedSource):
         self, source: maps.MapSpec, *, dropped: Callable[[], int] | None = None
     ) -> None:
         super().__init__(source)
-        if dropped is not None and not callable(dropped):
-            raise TypeError(f"dropped must be callable, not {type(dropped).__name__}")
-        self._dropped = dropped
-        self._map_fd = -1
-        self._consumer: mmap.mmap | None = None
-        self._producer: mmap.mmap | None = None
-        self._epoll: select.epoll | None = None
-        self._more_fd = -1
-        self._ring: RingBufferRing | None = None
+        self._dropped = check_dropped(dropped)
+        self._counter: DropCounter | None = None
+        self._mapped: MappedRing | None = None
 
     @property
     def ring_bytes(self) -> int:
@@ -89,7 +83,7 @@ class RingBufferSource(MapBackedSource):
 
     def open(self, config: RingConfig) -> Sequence[RingBufferRing]:
         """Map the ring and make its readiness handle; all or nothing (the driver calls it)."""
-        if self._ring is not None:
+        if self._mapped is not None:
             raise BusyResourceError(f"ring buffer {self.name} is already open")
         try:
             return [self._open(config)]
@@ -98,58 +92,44 @@ class RingBufferSource(MapBackedSource):
             raise
 
     def _open(self, config: RingConfig) -> RingBufferRing:
-        if ring_access() != "direct":
-            raise AperfError(
-                f"ring buffer {self.name}: aperf reads BPF ring buffers straight from their "
-                "memory, which is correct only on x86-64 (TSO), and has no libbpf read path "
-                f"for them yet ({RING_ACCESS_ENV}={os.environ.get(RING_ACCESS_ENV, '')!r}, "
-                f"machine {platform.machine()})"
-            )
-        self._map_fd = maps.open_map_fd(self._spec)
-        facts = maps.map_facts(self._map_fd, f"map {self.name}")
-        maps.require_type(facts, self.name, maps.BPF_MAP_TYPE_RINGBUF, "a ring buffer")
+        check_ring_access(self.name)
+        fd = maps.open_map_fd(self._spec)
+        try:
+            facts = maps.map_facts(fd, f"map {self.name}")
+            maps.require_type(facts, self.name, maps.BPF_MAP_TYPE_RINGBUF, "a ring buffer")
+        except BaseException:
+            os.close(fd)
+            raise
         size = facts.max_entries
         if config.ring_bytes is not None and config.ring_bytes != size:
+            os.close(fd)
             raise RingSizeError(
                 f"ring buffer {self.name} holds {size} bytes, fixed when the map was created "
                 f"(max_entries); pages/ring_bytes asked for {config.ring_bytes}: leave them out"
             )
         self.map_id = facts.id
-        self._claim([0])  # one ring: the whole map
-        fd = self._map_fd
-        self._consumer = mmap.mmap(
-            fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
-        )
-        self._producer = mmap.mmap(
-            fd, PAGE_SIZE + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE_SIZE
-        )
-        self._more_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._epoll = select.epoll()
-        self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
-        self._epoll.register(self._more_fd, select.EPOLLIN | select.EPOLLET)
+        lost = self._dropped
+        try:
+            if lost is None:
+                self._counter = own_drop_counter(self._spec)
+                lost = None if self._counter is None else self._counter.count
+            self._claim([0])  # one ring: the whole map
+        except BaseException:
+            os.close(fd)
+            raise
+        self._mapped = MappedRing(fd, size, lost=lost)
         self._ring_bytes = size
-        self._memory_bytes = size + 2 * PAGE_SIZE
-        self._ring = RingBufferRing(
-            self._epoll.fileno(), self._consumer, self._producer, PAGE_SIZE, size,
-            lost=self._dropped, more=self._signal_more,
-        )
-        return self._ring
-
-    def _signal_more(self) -> None:
-        os.eventfd_write(self._more_fd, 1)
+        self._memory_bytes = size + MappedRing.MEMORY_PAGES * PAGE_SIZE
+        assert self._mapped.ring is not None
+        return self._mapped.ring
 
     def acknowledge(self, handle: int) -> None:
         """Take the wakeups off the epoll fd (edge-triggered: they are reported once)."""
         if handle == self._notice_fd:
             self._taken_over()
             return
-        epoll = self._epoll
-        if epoll is None:
-            return
-        for fd, _ in epoll.poll(0):
-            if fd == self._more_fd:
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(fd)
+        if self._mapped is not None:
+            self._mapped.acknowledge()
 
     def hush_wakeups(self, handle: int, hushed: bool) -> None:
         """Hold the kernel's wakeups back from the readiness handle (True), or pass them again.
@@ -159,15 +139,9 @@ class RingBufferSource(MapBackedSource):
         costs the loop far more than the record. Passing them again polls the map
         fd: records already there are reported at once, none is missed.
         """
-        epoll = self._epoll
-        if epoll is None or handle != epoll.fileno():
-            return
-        if hushed:
-            with contextlib.suppress(FileNotFoundError):
-                epoll.unregister(self._map_fd)
-        else:
-            with contextlib.suppress(FileExistsError):
-                epoll.register(self._map_fd, select.EPOLLIN | select.EPOLLET)
+        mapped = self._mapped
+        if mapped is not None and handle == mapped.handle:
+            mapped.hush(hushed)
 
     def _give_up(self) -> bool:
         """Taken over: the ring and its consumer position are the taker's from now on.
@@ -176,23 +150,14 @@ class RingBufferSource(MapBackedSource):
 
     def free(self) -> None:
         """Drop the ring's views, unmap, close the epoll fd, the eventfd and our map fd."""
-        ring, self._ring = self._ring, None
+        mapped, self._mapped = self._mapped, None
+        counter, self._counter = self._counter, None
         try:
-            if ring is not None:
-                ring.release()
-            for mapping in (self._consumer, self._producer):
-                if mapping is not None:
-                    mapping.close()
+            if mapped is not None:
+                mapped.free()
         finally:
-            self._consumer = self._producer = None
-            epoll, self._epoll = self._epoll, None
-            if epoll is not None:
-                epoll.close()
-            for name in ("_more_fd", "_map_fd"):
-                fd = getattr(self, name)
-                setattr(self, name, -1)
-                if fd >= 0:
-                    os.close(fd)
+            if counter is not None:
+                counter.close()
             self._release_claim()
 
     def after_fork(self) -> None:

@@ -1,8 +1,9 @@
 """``aperf-trace``: options, the trace loop, and every failure as one line on stderr.
 
-Exit status: 0 when stopped by SIGINT/SIGTERM or when the reader of stdout went
-away, 1 when it cannot run (one line says why), 2 for bad options (argparse), and
-for ``--nats`` credentials or permissions the NATS server refused (one line).
+Exit status, as every aperf command's: 0 when stopped by SIGINT/SIGTERM or when the
+reader of stdout went away, 1 when it cannot run (one line says why), 2 for bad options
+(argparse's, ``--shards`` more than the CPUs, and ``--nats`` credentials or permissions
+the NATS server refused: one line naming the option).
 """
 
 from __future__ import annotations
@@ -10,14 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
-import json
 import logging
 import os
-import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,8 +27,19 @@ import aperf
 from ..._native import speedups
 from .. import nats_options as _natsargs
 from .output import LineOutput
-from .preflight import SetupError, ensure_tracefs, missing_privileges
-from .render import HEADER, event_decoder, json_record, table_line
+from .preflight import OptionError, SetupError, ensure_tracefs, missing_privileges
+from .render import event_decoder
+from .session import (
+    RINGBUF,
+    Printer,
+    StopSignals,
+    event_map,
+    order_by,
+    show_all,
+    show_batch,
+    tracer_object,
+    warn,
+)
 from .shards import trace_shard, trace_sharded
 
 PROG = "aperf-trace"
@@ -42,47 +51,31 @@ MAX_PAGES = 8192  # 32 MiB per CPU: far more than exec/exit rates need, and stil
 # ticking while the machine is idle. "balanced" suits high event rates.
 DEFAULT_WAKEUP = "lowest-latency"
 WAKEUPS = ("lowest-latency", "balanced", "throughput")
-# Events come out in time order across CPUs (an EXIT never before its EXEC): ordered
-# by the event's bpf_ktime_get_boot_ns() stamp, each held at most ORDER_LATENESS
-# seconds (docs/ordering.md); --unordered gives ring order, as the C original.
-ORDER_BY = "timestamp_ns"
 FLEET_STREAM = "bootstrap_legacy"  # the stream name the tracer publishes under (--nats)
 
 Trace = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-def shipped_object(name: str = "bootstrap_legacy") -> Path:
-    """A tracer's BPF object, as shipped in the aperf package (``bootstrap_legacy``:
-    perf event array; ``bootstrap``: BPF ring buffer)."""
+def shipped_object(name: str = "tracer") -> Path:
+    """A tracer's BPF object, as shipped in the aperf package (``tracer``: either ring,
+    the loader's choice; ``bootstrap_legacy``: perf event array; ``bootstrap``: BPF ring
+    buffer)."""
     return Path(str(resources.files("aperf") / "_objects" / f"{name}.bpf.o"))
 
 
-@contextlib.contextmanager
-def tracer_object(
-    path: str | os.PathLike[str], min_duration_ns: int = 0, ringbuf_bytes: int | None = None
-) -> Iterator[aperf.BPFObject]:
-    """Open the BPF object, set its ``min_duration_ns`` global (and the size of its ring
-    buffer, if it has one), load it and attach it.
-
-    Closing the object (leaving the ``with`` block) detaches both programs and
-    frees the maps.
-    """
-    with aperf.BPFObject(path) as obj:
-        # A ``const volatile`` global lives in .rodata: it can only be set before
-        # load, and the verifier then treats it as a constant (dead branches vanish).
-        obj.set_global("min_duration_ns", min_duration_ns)
-        if ringbuf_bytes is not None and "rb" in obj.maps:
-            obj.maps["rb"].set_max_entries(ringbuf_bytes)  # a ring buffer is sized at load
-        obj.load()
-        obj.attach()
-        yield obj
+def is_ring_buffer(source: aperf.Map | aperf.RingBufferSource) -> bool:
+    """Whether the events come through one BPF ring buffer (sized by the map, not pages=)."""
+    return isinstance(source, aperf.RingBufferSource) or source.type == RINGBUF
 
 
 def event_source(obj: aperf.BPFObject) -> aperf.Map | aperf.RingBufferSource:
-    """Where the object's events arrive: its ring buffer ``rb`` (bootstrap.bpf.c), with the
-    programs' own count of events that found no room, or its perf event array."""
-    if "rb" not in obj.maps:
-        return obj.maps["perf_buffer"]
+    """Where the object's events arrive: its ``APERF_BUFFER`` (whichever ring it became;
+    a ring buffer's drops come counted by the header), its ring buffer ``rb``
+    (bootstrap.bpf.c), with the programs' own count of events that found no room, or
+    its perf event array."""
+    events = event_map(obj)
+    if events.name != "rb":
+        return events
     dropped = obj.maps["dropped"]
 
     def dropped_events() -> int:  # the kernel counts no ring buffer drops: the programs do
@@ -91,87 +84,17 @@ def event_source(obj: aperf.BPFObject) -> aperf.Map | aperf.RingBufferSource:
     return aperf.RingBufferSource(obj.maps["rb"], dropped=dropped_events)
 
 
-def lost_message(lost: aperf.Lost) -> str:
-    if lost.cpu == aperf.NO_CPU:  # one ring buffer for every CPU
-        return f"Lost {lost.count} events!"
-    return f"Lost {lost.count} events on CPU #{lost.cpu}!"
-
-
-def warn(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-class StopSignals(aperf.SignalCloser):
-    """While entered, SIGINT and SIGTERM run the registered stop actions
-    ([`aperf.closing_on_signals`][aperf.closing_on_signals], with the tracer's names).
-
-    The loop runs them in its own thread, between two callbacks: nothing is
-    interrupted mid-line, no task is cancelled. Installed before the (synchronous)
-    load, so that a signal during the load is held and acted on right after it.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        super().__init__((), self.SIGNALS)
-
-    @property
-    def requested(self) -> bool:
-        """Whether a stop signal came."""
-        return self.signal is not None
-
-    def on_stop(self, action: Callable[[], None]) -> None:
-        """Run ``action`` at the stop signal (at once if it already came)."""
-        self.add(action)
-
-
-class Printer:
-    """How the tracer shows each item of the stream: events on stdout, trouble on stderr;
-    and, with ``--record DIR``, writes them to a recording too (``recorder``)."""
-
-    def __init__(self, out: LineOutput, as_json: bool) -> None:
-        self.out = out
-        self.as_json = as_json
-        self.recorder: Any = None
-
-    async def record(self, items: list[Any]) -> None:
-        """Hand items to the recorder (in a worker thread: Parquet writes take time)."""
-        if self.recorder is not None and items:
-            await asyncio.to_thread(self.recorder.write, items)
-
-    async def header(self) -> None:
-        if not self.as_json:
-            await self.out.write(HEADER)
-
-    async def sample(self, sample: aperf.Sample) -> None:
-        now = datetime.datetime.now().astimezone()  # when read, as in the C original
-        if self.as_json:
-            await self.out.write(json.dumps(json_record(sample, now)))
-        else:
-            await self.out.write(table_line(sample.value, now))
-
-    async def show(self, item: aperf.Sample | aperf.Lost | aperf.BadSample) -> None:
-        if isinstance(item, aperf.Sample):
-            await self.sample(item)
-        elif isinstance(item, aperf.Lost):
-            warn(lost_message(item))
-        else:
-            warn(f"Bad sample on CPU #{item.cpu}: {item.error}")
-
-
 async def trace(args: argparse.Namespace) -> int:
     """Print every exec and exit until SIGINT/SIGTERM, or until stdout's reader goes away;
     with ``--nats``, publish them to JetStream too."""
     out = await LineOutput.open()
     sink = await open_sink(args)
     try:
-        with StopSignals() as stop, tracer_object(
-            args.object, args.duration * 1_000_000, ringbuf_bytes(args)
-        ) as obj:
+        with StopSignals() as stop, loaded_tracer(args) as obj:
             stop.on_stop(out.stop)
             source = event_source(obj)
             stream = aperf.PerfStream(
-                source, pages=None if isinstance(source, aperf.RingBufferSource) else args.pages,
+                source, pages=perf_pages(args, source),
                 decoder=event_decoder(obj), wakeup=args.wakeup, order_by=order_by(args),
             )
             async with stream:
@@ -200,28 +123,6 @@ async def trace(args: argparse.Namespace) -> int:
     return 0
 
 
-async def show_all(stream: aperf.PerfStream[Any], printer: Printer) -> None:
-    """Print every item until the stream ends; close it if stdout's reader went away."""
-    if printer.recorder is not None:  # a batch at a time, each printed, then recorded
-        async for batch in stream.batches():
-            await show_batch(stream, printer, batch)
-        return
-    async for item in stream:
-        await printer.show(item)
-        if printer.out.broken:
-            stream.close()
-
-
-async def show_batch(stream: aperf.PerfStream[Any], printer: Printer, batch: list[Any]) -> None:
-    """Print a batch, then record it (``--record``); close the stream if stdout's reader
-    went away."""
-    for item in batch:
-        await printer.show(item)
-    await printer.record(batch)
-    if printer.out.broken:
-        stream.close()
-
-
 def open_recorder(args: argparse.Namespace, obj: aperf.BPFObject,
                   stream: aperf.PerfStream[Any]) -> aperf.Recorder | None:
     """With ``--record DIR``: a recorder of the tracer's events (``struct event``, from the
@@ -246,27 +147,25 @@ async def open_sink(args: argparse.Namespace) -> Any:
         from aperf.fleet import FleetConfigError, JetStreamSink
     except ImportError as exc:
         raise SetupError(str(exc)) from None
-    from aperf.fleet import FleetAuthError
-
     _natsargs.quiet_tls_eof()
     _natsargs.one_line_warnings(PROG)
     try:
         sink = JetStreamSink(
             _natsargs.servers(args.nats), host=args.host, name=FLEET_STREAM,
-            **_natsargs.keywords(args),
+            signing_key=args.nats_signing_key, **_natsargs.keywords(args),
         )
         await sink.open()
-    except FleetAuthError as exc:
-        raise OptionError(f"--nats: {exc}") from None
-    except FleetConfigError as exc:
-        raise SetupError(f"--nats: {exc}") from None
-    except (ValueError, TypeError) as exc:  # --nats-* options that do not go together
-        raise OptionError(f"--nats: {exc}") from None
+    except (FleetConfigError, ValueError, TypeError) as exc:  # also options that do not fit
+        raise fleet_failure(exc) from None
     return sink
 
 
-class OptionError(SetupError):
-    """An option is wrong (``--nats`` credentials the server refused): exit status 2."""
+def fleet_failure(exc: Exception) -> SetupError:
+    """An error of aperf.fleet as the tracer says it: one line naming the option (the
+    tracer has no --jetstream: the stream is always FLEET_STREAM's), and its status."""
+    options = {k: v for k, v in _natsargs.OPTIONS.items() if k != "jetstream"}
+    line, status = _natsargs.failure(exc, options=options)
+    return (OptionError if status == _natsargs.BAD_ARGUMENTS else SetupError)(f"--nats: {line}")
 
 
 async def publish(
@@ -291,17 +190,12 @@ async def publish(
             from aperf.fleet import FleetAuthError
 
             if isinstance(exc, FleetAuthError):  # e.g. this user may not publish as --host
-                raise OptionError(f"--nats: {exc}") from None
+                raise fleet_failure(exc) from None
             if not stop.requested:  # else: the stop closed the sink meanwhile
                 raise
 
 
 # --- command line ------------------------------------------------------------------------
-
-
-def order_by(args: argparse.Namespace) -> str | None:
-    """The field events are ordered by (None: --unordered, ring order)."""
-    return None if args.unordered else ORDER_BY
 
 
 def positive_power_of_two(text: str) -> int:
@@ -337,22 +231,45 @@ def non_negative(text: str) -> int:
     return value
 
 
-def ringbuf_bytes(args: argparse.Namespace) -> int | None:
-    """The ring buffer's size from ``--pages`` with ``--ringbuf`` (None: a perf event array)."""
-    return args.pages * 4096 if args.ringbuf else None
+def ringbuf_bytes(args: argparse.Namespace) -> int:
+    """The size of the object's ring buffer, if its ring is one: ``--pages`` (default
+    ``DEFAULT_RINGBUF_PAGES``) of 4 KiB."""
+    return (args.pages or DEFAULT_RINGBUF_PAGES) * 4096
+
+
+def perf_pages(args: argparse.Namespace, source: aperf.Map | aperf.RingBufferSource) -> int | None:
+    """``pages=`` of the stream: each perf ring's (``--pages``, default ``DEFAULT_PAGES``);
+    None for a ring buffer, whose size is the map's."""
+    return None if is_ring_buffer(source) else args.pages or DEFAULT_PAGES
+
+
+def buffer_choice(args: argparse.Namespace) -> aperf.BufferChoice:
+    """The ring the loader makes of an ``APERF_BUFFER`` (tracer.bpf.c): ``--buffer``,
+    ``--ringbuf``'s ring buffer, or a perf event array as the C original."""
+    return args.buffer or ("ringbuf" if args.ringbuf else "perf")
+
+
+def loaded_tracer(args: argparse.Namespace) -> contextlib.AbstractContextManager[aperf.BPFObject]:
+    """``tracer_object`` as the options say."""
+    return tracer_object(args.object, args.duration * 1_000_000, ringbuf_bytes(args),
+                         buffer_choice(args), strict=args.buffer is not None)
 
 
 def parse_args(
     argv: Sequence[str] | None, *, command: str = PROG, default_object: Path | None = None,
     fleet: bool = True,
 ) -> argparse.Namespace:
-    """The options; ``default_object`` is the perf event array tracer's object, and the
-    ring buffer twin's (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
+    """The options. The tracer's object (``default_object`` None) is the shipped
+    tracer.bpf.o, whose ring the loader picks (``--buffer``, ``--ringbuf``); an example's
+    ``default_object`` is a perf event array tracer, whose ring buffer twin
+    (``--ringbuf``) is ``bootstrap.bpf.o`` beside it."""
+    twin = default_object is not None
     default_object = default_object or shipped_object()
-    ringbuf_object = default_object.with_name("bootstrap.bpf.o")
+    ringbuf_object = default_object.with_name("bootstrap.bpf.o") if twin else default_object
     parser = argparse.ArgumentParser(
         prog=command,
-        description="Trace process exec and exit events (BPF perf event array, read by aperf).",
+        description="Trace process exec and exit events (a BPF perf event array or ring "
+        "buffer, read by aperf).",
     )
     parser.add_argument(
         "-d", "--duration", type=non_negative, default=0, metavar="MS",
@@ -371,13 +288,20 @@ def parse_args(
     parser.add_argument(
         "--pages", type=positive_power_of_two, default=None, metavar="N",
         help=f"ring size in 4 KiB pages, a power of two up to {MAX_PAGES}: per CPU "
-        f"(default {DEFAULT_PAGES}), or of the one ring buffer with --ringbuf "
+        f"(default {DEFAULT_PAGES}), or of the one ring buffer "
         f"(default {DEFAULT_RINGBUF_PAGES})",
     )
     parser.add_argument(
+        "--buffer", choices=("perf", "ringbuf", "auto"), default=None,
+        help="the ring the loader makes of the tracer's buffer before load: a perf event "
+        "array (default, a ring per CPU, as the C original), one BPF ring buffer for every "
+        "CPU, or auto: a ring buffer where the kernel has them (5.8+)",
+    )
+    parser.add_argument(
         "--ringbuf", action="store_true",
-        help="trace with the ring buffer twin (bootstrap.bpf.c, libbpf-bootstrap's "
-        "'bootstrap'): one BPF ring buffer for every CPU instead of a perf event array",
+        help="one BPF ring buffer for every CPU: the same as --buffer ringbuf"
+        + (" (here: the ring buffer twin, bootstrap.bpf.c, libbpf-bootstrap's 'bootstrap')"
+           if twin else ""),
     )
     parser.add_argument(
         "--wakeup", choices=WAKEUPS, default=DEFAULT_WAKEUP,
@@ -404,6 +328,12 @@ def parse_args(
         "empty directory; needs aperf-bpf[arrow]): aperf.Recording(DIR) and "
         "aperf.replay(DIR) read them back (docs/recording.md)",
     )
+    parser.add_argument(
+        "--doctor", action="store_true",
+        help="check what this machine and this process have of what the tracer needs, say "
+        "what to do about the rest, and exit (status 1 if something required is missing; "
+        "with --json, as JSON)",
+    )
     # A shard of --shards N: the pinned map and the CPUs it reads (set by the parent).
     parser.add_argument("--shard-of", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shard-cpus", default=None, help=argparse.SUPPRESS)
@@ -419,15 +349,31 @@ def parse_args(
             "--host", default=socket.gethostname(), metavar="NAME",
             help="the host name published with --nats (default: this machine's)",
         )
+        parser.add_argument(
+            "--nats-signing-key", metavar="PATH",
+            help="sign every event published with --nats with this host's Ed25519 key (a "
+            "file only root may read; python -m aperf.fleet keygen makes one), so that "
+            "readers given its public key know them for this host's (docs/fleet.md)",
+        )
         _natsargs.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.shards is not None and (args.ringbuf or getattr(args, "nats", None) or args.record):
+    if args.ringbuf and args.buffer not in (None, "ringbuf"):
+        parser.error(f"--ringbuf is --buffer ringbuf: it does not go with --buffer {args.buffer}")
+    if args.buffer is not None and twin:
+        parser.error("--buffer chooses the ring of the tracer's own object (aperf-trace); "
+                     "this one's ring buffer twin is --ringbuf")
+    if args.shards is not None and (
+        args.ringbuf or args.buffer not in (None, "perf") or getattr(args, "nats", None)
+        or args.record
+    ):
         parser.error("--shards reads a perf event array in several processes: it does not go "
-                     "with --ringbuf (one ring for every CPU), --nats or --record")
+                     "with --ringbuf or --buffer ringbuf/auto (one ring for every CPU), --nats "
+                     "or --record")
     if fleet and args.nats is not None:
         check_fleet_options(parser, args)
-    if args.pages is None:
-        args.pages = DEFAULT_RINGBUF_PAGES if args.ringbuf else DEFAULT_PAGES
+        _natsargs.check(parser, args)
+    if args.pages is None and buffer_choice(args) != "auto":  # else known once loaded
+        args.pages = DEFAULT_RINGBUF_PAGES if buffer_choice(args) == "ringbuf" else DEFAULT_PAGES
     if args.object is None:
         args.object = ringbuf_object if args.ringbuf else default_object
     return args
@@ -498,6 +444,10 @@ def main(
     """Run the tracer; ``name`` prefixes error lines, ``command`` is the usage's program;
     ``fleet``: whether it takes ``--nats`` and ``--host``."""
     args = parse_args(argv, command=command, default_object=default_object, fleet=fleet)
+    if args.doctor:
+        from ..doctor import main as doctor
+
+        return doctor(["--json"] * args.json, prog=f"{command} --doctor", tracer=True)
     configure_logging(args.verbose)
     # Which path runs (the compiled fast path, or the pure one and why): for bug reports.
     structlog.get_logger(PROG).debug("aperf", version=aperf.__version__, path=speedups.status())

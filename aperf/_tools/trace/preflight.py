@@ -19,6 +19,11 @@ class SetupError(Exception):
     """Something the tracer needs is missing. The message says what; it is printed as one line."""
 
 
+class OptionError(SetupError):
+    """An option is wrong (``--shards`` more than the CPUs, ``--nats`` credentials the server
+    refused): one line, and exit status 2 as for any bad option."""
+
+
 CAPABILITIES = "CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH"  # docs/privileges.md
 
 

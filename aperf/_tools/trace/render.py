@@ -68,6 +68,7 @@ def event_decoder(obj: aperf.BPFObject) -> Callable[[bytes], Any]:
         value = decode(data)  # checks the size first
         return value._replace(comm=escape(data[comm]), filename=escape(data[filename]))
 
+    decode_event.size = decode.size  # type: ignore[attr-defined]  # readers refuse shorter
     return decode_event
 
 

@@ -26,8 +26,9 @@ import aperf
 
 from ..._rings.perf.source import online_cpus
 from .output import LineOutput
-from .preflight import SetupError
+from .preflight import OptionError, SetupError
 from .render import HEADER, event_decoder
+from .session import Printer, StopSignals, event_map, order_by, show_all, tracer_object
 
 READY = "ready"  # a child's first line: its rings are open, events from now on are its
 PIN_DIR = "/sys/fs/bpf"
@@ -37,7 +38,7 @@ log = structlog.get_logger("aperf.trace")
 def shard_cpus(cpus: Sequence[int], shards: int) -> list[list[int]]:
     """``cpus`` dealt round-robin into ``shards`` non-empty, disjoint lists."""
     if not 1 <= shards <= len(cpus):
-        raise SetupError(
+        raise OptionError(
             f"--shards {shards}: give 1 to {len(cpus)} (a shard reads at least one of "
             f"the {len(cpus)} online CPUs)"
         )
@@ -71,8 +72,6 @@ def pinned(map_: aperf.Map) -> Iterator[str]:
 
 async def trace_sharded(args: argparse.Namespace) -> int:
     """Load once, start the shards, print their lines until they end (0 when all end well)."""
-    from .cli import StopSignals, tracer_object
-
     out = await LineOutput.open()
     children: list[asyncio.subprocess.Process] = []
 
@@ -84,9 +83,11 @@ async def trace_sharded(args: argparse.Namespace) -> int:
                     child.send_signal(signal.SIGTERM)
 
     try:
-        with StopSignals() as stop, tracer_object(args.object, args.duration * 1_000_000) as obj:
+        with StopSignals() as stop, tracer_object(
+            args.object, args.duration * 1_000_000, buffer="perf"
+        ) as obj:
             shares = shard_cpus(online_cpus(), args.shards)
-            with pinned(obj.maps["perf_buffer"]) as pin:
+            with pinned(event_map(obj)) as pin:
                 for cpus in shares:
                     children.append(await asyncio.create_subprocess_exec(
                         # stdin: a pipe never written, whose end tells the child its parent died
@@ -136,8 +137,6 @@ async def copy_lines(
 
 async def trace_shard(args: argparse.Namespace) -> int:
     """A child: read the CPUs ``--shard-cpus`` of the map pinned at ``--shard-of``."""
-    from .cli import Printer, StopSignals, order_by, show_all
-
     cpus = [int(cpu) for cpu in args.shard_cpus.split(",")]
     out = await LineOutput.open()
     try:
