@@ -690,6 +690,44 @@ sys.exit(pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-k", "test_differen
     assert " passed" in done.stdout and "skipped" not in done.stdout.split("\n")[-2], done.stdout
 
 
+PATH_PROBE = """
+import aperf
+from aperf._drivers import stream
+from aperf._native import speedups
+from aperf._reading import build, looks
+from aperf._rings.perf import format as perf_format
+from aperf._rings.ringbuf import format as ringbuf_format
+from aperf.testing import FakeRingSource
+
+hooks = [perf_format._perf_split, ringbuf_format._ringbuf_split, build._build_run,
+         build._build_payloads, stream._FastItems, speedups.RingCell]
+with aperf.PerfBuffer(FakeRingSource(cpus=[0]), on_sample=print) as pb:
+    fast = pb.statistics().fast_path
+print(aperf.EXTENSIONS, fast, sum(h is not None for h in hooks),
+      looks.watcher() is looks._pure_busy_rings)
+print(speedups.status())
+"""
+
+
+@pytest.mark.parametrize(("value", "pure"), [("1", True), ("yes", True), ("0", False),
+                                             ("false", False), ("", False)])
+def test_aperf_no_extensions_forces_the_pure_path(value: str, pure: bool) -> None:
+    """``APERF_NO_EXTENSIONS`` (anything but empty, 0, false, no) takes every compiled hook
+    out, and the stream's statistics and ``status()`` say so; unset or ``0``, a checkout
+    with the module built runs it (this fails where it was not built)."""
+    env = dict(os.environ, APERF_NO_EXTENSIONS=value)
+    done = subprocess.run([sys.executable, "-c", PATH_PROBE], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    said, status = done.stdout.splitlines()
+    if pure:
+        assert said == "False False 0 True"
+        assert status == "pure Python: APERF_NO_EXTENSIONS is set"
+    else:
+        assert said == "True True 6 False", status
+        assert status == "compiled fast path (_speedups.abi3.so)"
+
+
 def test_the_compiled_path_runs_in_this_checkout(compiled: Any) -> None:
     """What ``aperf.EXTENSIONS`` says is what runs: the hooks are the compiled ones."""
     from aperf._drivers import stream
