@@ -96,6 +96,33 @@ def test_every_ring_gets_its_turn_while_the_consumer_never_yields(cpus: list[int
         assert ring.samples + ring.lost == written[cpu] + src.dropped(cpu)  # exact
 
 
+def test_every_ring_gets_its_turn_at_the_ticks_that_look_only_at_busy_rings() -> None:
+    # The same fairness when the drain timer does the draining: a tick that finds the queue
+    # below its bound looks only at the rings that hold something (or that the reader owes
+    # a drain), and takes the refused ones first, as a pass over every ring does. Each
+    # ring's span (128 records) is more than the queue holds, so a tick in key order would
+    # drain CPU 0 each time and leave the others stalled.
+    cpus = [0, 1, 2]
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=None)
+    reader, src, clock = make(cpus, max_pending=100, wakeup=wakeup)
+    got = dict.fromkeys(cpus, 0)
+    late = dict.fromkeys(cpus, 0)
+    seq = 0
+    for round_ in range(200):
+        for cpu in cpus:
+            while src.write(cpu, Q.pack(seq)):
+                seq += 1
+        for event in reader.take(40):  # stays above the low-water mark: no pass over all
+            if isinstance(event, aperf.Sample):
+                got[event.cpu] += 1
+                late[event.cpu] += round_ >= 150
+        clock.now = reader.deadline if reader.deadline is not None else clock.now + 0.002
+        reader.tick()
+    assert all(late.values()), late
+    total = sum(got.values())
+    assert all(n * len(cpus) >= total // 2 for n in got.values()), got
+
+
 def test_a_broken_ring_is_a_failure_in_order_and_stops_being_watched() -> None:
     reader, src, _ = make(max_pending=100)
     src.write(0, b"fine")
