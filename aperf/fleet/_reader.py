@@ -43,13 +43,14 @@ from ._args import check_int, check_name, check_seconds
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
+    NatsOptions,
     Path,
     Refusals,
     Servers,
+    auth,
     connect,
-    credentials,
     ready,
-    server_list,
+    resolve_options,
     stream_info,
 )
 from ._errors import FleetClosedError, FleetConfigError
@@ -112,15 +113,17 @@ class FleetReader:
     ``tls_handshake_first``, ``allow_insecure``, ``connect_timeout`` and
     ``ready_timeout`` are as for
     [`JetStreamSink`][aperf.fleet.JetStreamSink]: ``open()`` waits for a cluster
-    electing a leader, up to ``ready_timeout``. A reader's user needs the JetStream
-    API subjects of its stream and durable, and nothing on ``<subject_prefix>.>``
+    electing a leader, up to ``ready_timeout``. ``servers`` may be a
+    [`NatsOptions`][aperf.fleet.NatsOptions] holding all of those instead. A reader's
+    user needs the JetStream API subjects of its stream and durable, and nothing on
+    ``<subject_prefix>.>``
     (docs/fleet.md). A permission the server refuses while reading raises
     [`FleetAuthError`][aperf.fleet.FleetAuthError] out of the iteration.
     """
 
     def __init__(
         self,
-        servers: Servers,
+        servers: Servers | NatsOptions,
         *,
         jetstream: str = DEFAULT_JETSTREAM,
         durable: str = "aperf-fleet",
@@ -146,7 +149,12 @@ class FleetReader:
         host_keys: Mapping[str, Ed25519PublicKey | bytes] | Path | None = None,
         max_fetch_bytes: int = DEFAULT_FETCH_BYTES,
     ) -> None:
-        self._servers = server_list(servers)
+        self._nats = resolve_options(
+            servers, connect_options=connect_options, user=user, password=password,
+            token=token, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
+            connect_timeout=connect_timeout, ready_timeout=ready_timeout,
+        )
         check_name("jetstream", jetstream)
         check_name("durable", durable)
         self._max_ack_pending = check_int("max_ack_pending", max_ack_pending, 1, 1 << 20)
@@ -154,7 +162,6 @@ class FleetReader:
         self._max_fetch_bytes = check_int("max_fetch_bytes", max_fetch_bytes, 1, 1 << 40)
         self._fetch_timeout = check_seconds("fetch_timeout", fetch_timeout)
         self._ack_wait = check_seconds("ack_wait", ack_wait)
-        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
         if decoder is not None and not callable(decoder) and not isinstance(decoder, Mapping):
             raise TypeError(
                 f"decoder must be a callable, a mapping of stream names to them, or None, "
@@ -163,13 +170,6 @@ class FleetReader:
         self._jetstream = jetstream
         self._durable = durable
         self._subject = subject or f"{subject_prefix}.>"
-        self._connect_options = dict(connect_options or {})
-        self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
-        self._auth = credentials(
-            user=user, password=password, token=token, creds=creds,
-            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
-        )
         keys = None if host_keys is None else load_host_keys(host_keys)
         self._intake = Intake(prefix=subject_prefix, decoder=decoder, host_keys=keys)
         self._refusals = Refusals()
@@ -197,15 +197,16 @@ class FleetReader:
             raise FleetClosedError("this FleetReader was closed; make a new one")
         if self._nc is not None:
             return
+        options = self._nats
         nc = await connect(
-            self._servers, timeout=self._connect_timeout, name=f"aperf-reader {self._durable}",
-            on_error=self._on_error, options=self._connect_options, auth=self._auth,
-            refusals=self._refusals,
+            options.servers, timeout=options.connect_timeout,
+            name=f"aperf-reader {self._durable}", on_error=self._on_error,
+            options=options.connect_options, auth=auth(options), refusals=self._refusals,
         )
         try:
             js = nc.jetstream()
             await stream_info(
-                nc, js, self._jetstream, timeout=self._ready_timeout, refusals=self._refusals
+                nc, js, self._jetstream, timeout=self._nats.ready_timeout, refusals=self._refusals
             )
             config = ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
@@ -218,7 +219,7 @@ class FleetReader:
                     nc, lambda: js.pull_subscribe(
                         self._subject, durable=self._durable, stream=self._jetstream,
                         config=config,
-                    ), timeout=self._ready_timeout, refusals=self._refusals,
+                    ), timeout=self._nats.ready_timeout, refusals=self._refusals,
                 )
             except nats.js.errors.BadRequestError as exc:
                 raise FleetConfigError(

@@ -45,13 +45,14 @@ from ._clock import BOOT_OFFSET_HEADER, boot_offset_ns
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
+    NatsOptions,
     Path,
     Refusals,
     Servers,
+    auth,
     check_stream,
     connect,
-    credentials,
-    server_list,
+    resolve_options,
 )
 from ._errors import FleetAuthError, FleetClosedError, FleetConfigError
 from ._events import SinkStatistics
@@ -87,7 +88,11 @@ class JetStreamSink:
     published and not yet acknowledged, ``max_message_bytes`` the most bytes per
     message (capped by the server's max_payload). ``servers`` is a NATS URL (it
     may hold ``user:password@``) or a list of them (the nodes of a cluster);
-    ``connect_options`` go to ``nats.connect`` as they are.
+    ``connect_options`` go to ``nats.connect`` as they are. ``servers`` may instead be a
+    [`NatsOptions`][aperf.fleet.NatsOptions], which holds the URLs and every connection
+    keyword below (credentials, TLS, ``allow_insecure``, the two timeouts,
+    ``connect_options``) in one value that a reader and ``create_stream()`` take too;
+    those keywords are then not given here.
 
     Who the sink is to the server: ``user`` and ``password``, or ``token``, or
     ``creds`` (a ``.creds`` file: a user JWT and its nkey seed, as ``nsc`` makes
@@ -116,7 +121,7 @@ class JetStreamSink:
 
     def __init__(
         self,
-        servers: Servers,
+        servers: Servers | NatsOptions,
         *,
         host: str | None = None,
         name: str = "perf",
@@ -140,7 +145,12 @@ class JetStreamSink:
         allow_insecure: bool = False,
         signing_key: Ed25519PrivateKey | KeyPath | None = None,
     ) -> None:
-        self._servers = server_list(servers)
+        self._nats = resolve_options(
+            servers, connect_options=connect_options, user=user, password=password,
+            token=token, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
+            connect_timeout=connect_timeout, ready_timeout=ready_timeout,
+        )
         self._host = host if host is not None else socket.gethostname()
         check_name("host", self._host)
         check_name("name", name)
@@ -155,14 +165,6 @@ class JetStreamSink:
             "max_message_bytes", max_message_bytes, MIN_MESSAGE_BYTES, 64 << 20
         )
         ack_timeout = check_seconds("ack_timeout", ack_timeout)
-        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
-        self._connect_options = dict(connect_options or {})
-        self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
-        self._auth = credentials(
-            user=user, password=password, token=token, creds=creds,
-            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
-        )
         self._signing_key = None if signing_key is None else load_signing_key(signing_key)
         self._refusals = Refusals()
         tokens = f"{subject_token(self._host)}.{subject_token(name)}"
@@ -193,21 +195,21 @@ class JetStreamSink:
         if self._nc is not None:
             return
         nc = await connect(
-            self._servers,
-            timeout=self._connect_timeout,
+            self._nats.servers,
+            timeout=self._nats.connect_timeout,
             name=f"aperf-sink {self._host}/{self._name}",
             on_error=self._on_error,
             disconnected=self._on_disconnected,
             reconnected=self._on_reconnected,
-            options=self._connect_options,
-            auth=self._auth,
+            options=self._nats.connect_options,
+            auth=auth(self._nats),
             refusals=self._refusals,
             inbox_prefix=self._inbox_prefix,
         )
         try:
             info = await check_stream(
                 nc, nc.jetstream(), self._jetstream, self._subject,
-                timeout=self._ready_timeout, refusals=self._refusals,
+                timeout=self._nats.ready_timeout, refusals=self._refusals,
             )
             if nc.max_payload < MIN_MESSAGE_BYTES:
                 raise FleetConfigError(
