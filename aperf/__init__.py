@@ -5,8 +5,8 @@ package per job. Bottom up (nothing imports upward; docs/architecture.md draws i
 
 - ``_errors``, ``_privileges``, ``_events``, ``_options``, ``_log``, ``_naming``: the
   vocabulary (errors and why the kernel refused, events, settings)
-- ``_native/``: the only ctypes (libbpf, eBPF for Windows' ebpfapi.dll, a second
-  mapping of perf rings)
+- ``_native/``: the only ctypes (libbpf, eBPF for Windows' ebpfapi.dll, libc: a timer
+  on an fd, a second mapping of perf rings)
 - ``_waiting/``: how a driver waits (asyncio, uvloop, trio, epoll, Windows handles)
 - ``_decoding/``: C layouts, decoders and their inverse, sans I/O
 - ``_bpf/``: BPF objects, and everything read from BTF

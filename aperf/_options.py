@@ -108,6 +108,15 @@ def check_decode_errors(policy: Any) -> DecodeErrorPolicy:
     return cast(DecodeErrorPolicy, policy)
 
 
+def check_max_rows(max_rows: int | None) -> int | None:
+    """``max_rows`` of the drivers' arrays, run_arrays and lease: None (no limit), or >= 1."""
+    if max_rows is not None and (
+        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+    ):
+        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
+    return max_rows
+
+
 def _check_seconds(name: str, value: float | None) -> None:
     if value is None:
         return

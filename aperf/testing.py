@@ -26,7 +26,6 @@ from typing import Any
 
 from ._bpf.object import BPFObject, Map
 from ._naming import show_public_names as _show_public_names
-from ._native import libbpf as lb
 from ._rings.perf.fake import FakeRingMemory, FakeRingSource
 from ._rings.perf.format import MAX_SAMPLE_BYTES as MAX_SAMPLE_BYTES
 from ._rings.perf.format import encode_lost, encode_sample
@@ -129,7 +128,7 @@ class Producer:
             if perf_slots is not None:
                 self._obj.maps["samples"].set_max_entries(perf_slots)
             self._obj.load()
-            self._prog_fd = self._obj.programs["produce"].fd
+            self._program = self._obj.programs["produce"]
             self._config = self._obj.maps["config"]
             self._counters = self._obj.maps["counters"]
         except BaseException:
@@ -191,7 +190,7 @@ class Producer:
                 _KEY.pack(cpu),
                 _CONFIG.pack(batch, size, seq, self._target, rb_flags, discard_every, perf_flags),
             )
-            retval = lb.test_run_on_cpu(self._prog_fd, cpu)
+            retval = self._program.test_run(cpu=cpu)
             if retval != 0:
                 raise RuntimeError(f"producer program refused the run (returned {retval})")
             seq += batch

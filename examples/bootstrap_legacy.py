@@ -31,20 +31,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aperf
-from aperf._tools.trace import cli
+from aperf._tools.trace import cli, session
 from aperf._tools.trace.cli import (
     DEFAULT_PAGES,
     DEFAULT_WAKEUP,
     WAKEUPS,
-    StopSignals,
     non_negative,
     positive_power_of_two,
-    tracer_object,
-    warn,
 )
 from aperf._tools.trace.output import LineOutput
 from aperf._tools.trace.preflight import SetupError, ensure_tracefs, missing_privileges
 from aperf._tools.trace.render import HEADER, event_decoder, json_record, table_line
+from aperf._tools.trace.session import StopSignals, tracer_object, warn
 
 # Names the service example (examples/service.py) takes from here.
 __all__ = [
@@ -91,7 +89,7 @@ async def trace(args: argparse.Namespace) -> int:
                 decoder=event_decoder(obj),  # struct event from the object's BTF
                 # In time order across CPUs (an EXIT never before its EXEC), by the
                 # event's kernel timestamp; --unordered: ring order (docs/ordering.md).
-                order_by=cli.order_by(args),
+                order_by=session.order_by(args),
             ) as stream:
                 stop.on_stop(stream.close)
                 if not args.json:
@@ -107,7 +105,7 @@ async def trace(args: argparse.Namespace) -> int:
                             if out.broken:  # the reader went away (... | head)
                                 stream.close()
                         case aperf.Lost():
-                            warn(cli.lost_message(item))
+                            warn(session.lost_message(item))
                         case aperf.BadSample(cpu=cpu, error=error):
                             warn(f"Bad sample on CPU #{cpu}: {error}")
     finally:

@@ -21,6 +21,8 @@ fi
 
 "$PYTHON" -m ruff check aperf tests examples bench scripts bpf
 "$PYTHON" -m mypy aperf tests/typecheck
+# The drivers' shared keyword text and overloads, as scripts/driver_keywords.py writes them.
+"$PYTHON" scripts/driver_keywords.py --check
 # The docs site and its API reference, warnings as errors, built into a temporary
 # directory (never into the checkout). tests/docs/test_docs.py runs the pages' snippets.
 site=$(mktemp -d)

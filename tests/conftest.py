@@ -4,43 +4,32 @@ Kernel tests take the ``kernel`` fixture (or a fixture built on it). Where BPF
 is unavailable they skip, unless ``APERF_REQUIRE_BPF=1`` (CI sets it), where
 they fail instead. Every async test runs on every loop aperf supports: asyncio,
 uvloop and trio, through anyio's pytest plugin (``pytest.mark.anyio`` and the
-``anyio_backend`` fixture below). Tests still marked ``pytest.mark.asyncio``
-(pytest-asyncio) run on asyncio and uvloop.
+``anyio_backend`` fixture below); a test of asyncio-only code adds
+``helpers.asyncio_only`` and runs on asyncio and uvloop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
-from .helpers import CPU_SYSFS, bring_cpus_online, require_kernel
+from .helpers import CPU_SYSFS, LOOPS, bring_cpus_online, require_kernel
 
-LOOPS = [
-    pytest.param(("asyncio", {}), id="asyncio"),
-    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    pytest.param(("trio", {}), id="trio"),
-]
+# Property tests are never timed: Hypothesis's default deadline (200 ms an example) and
+# its too_slow health check fail an example that a loaded machine merely ran late.
+settings.register_profile("aperf", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("aperf")
 
 
 @pytest.fixture(params=LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """Every ``pytest.mark.anyio`` test runs once per loop."""
     return request.param  # type: ignore[no-any-return]
-
-
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    try:
-        import uvloop
-    except ImportError:  # Windows: uvloop does not exist there
-        return {"asyncio": asyncio.new_event_loop}
-    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -611,6 +611,22 @@ class Program(_Part):
         """Remove every attachment made through [`attach()`][aperf.Program.attach]."""
         self._detach_all()
 
+    @_guarded
+    def test_run(self, *, cpu: int | None = None) -> int:
+        """Run the program once through ``BPF_PROG_TEST_RUN``, with no input, and return
+        its return value: a ``raw_tp`` program (as
+        [`aperf.testing.Producer`][aperf.testing.Producer]'s), on ``cpu`` (None: the
+        calling thread's CPU). Blocks the calling thread, not others, while it runs; the
+        object cannot close under it (a close waits for the run to end).
+        """
+        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int)):
+            raise TypeError(f"cpu must be an int or None, not {type(cpu).__name__}")
+        if cpu is not None and cpu < 0:
+            raise ArgumentError("cpu", f"cpu={cpu}: a CPU id is 0 or more")
+        if not self._owner.loaded:
+            raise ObjectStateError(f"load the object before running program {self.name!r}")
+        return lb.test_run_on_cpu(self.fd, cpu)
+
     def _detach_all(self) -> None:
         for link in list(self._links):
             link._destroy()

@@ -31,8 +31,8 @@ from .._options import (
     resolve_wakeup,
     ring_data_bytes,
 )
+from .._reading import multi
 from .._reading.clock import Clock
-from .._reading.multi import Member, MultiSource, check_names
 from .._reading.order import DEFAULT_LATENESS, OrderKey, check_lateness, check_order_by
 from .._reading.reader import Reader, load_columns
 from .._rings.map_spec import (
@@ -42,10 +42,17 @@ from .._rings.map_spec import (
     check_map_source,
     map_type_of,
 )
+from .._rings.multi import Member, MultiSource, check_names, several_maps
 from .._rings.perf.source import PerfEventArraySource, check_layout
 from .._rings.ringbuf.array import RingBufferArraySource
 from .._rings.ringbuf.source import RingBufferSource
-from .._rings.seam import RING_SOURCE_MEMBERS, RecordedSource, RingConfig, RingSource
+from .._rings.seam import (
+    RING_SOURCE_MEMBERS,
+    MapSource,
+    RecordedSource,
+    RingConfig,
+    RingSource,
+)
 
 DecoderSpec = Callable[[bytes], Any] | struct.Struct | str | type | None
 """What ``decoder=`` takes: a callable, a ``struct.Struct``, a ``ctypes.Structure``
@@ -99,7 +106,7 @@ def resolve_source(spec: object) -> RingSource:
 
 
 def _owner_object(source: RingSource) -> BPFObject | None:
-    owner = getattr(source, "object", None)
+    owner = source.object if isinstance(source, MapSource) else None
     return owner if isinstance(owner, BPFObject) else None
 
 
@@ -208,7 +215,7 @@ class ReaderOptions:
         if take_over is not False:
             if take_over is not True:
                 raise TypeError(f"take_over must be True or False, not {take_over!r}")
-            if not hasattr(ring_source, "take_over"):
+            if not isinstance(ring_source, MapSource):
                 raise TypeError(
                     "take_over=True: only a map (or a map's source) has a reader in another "
                     f"process to take it from, not {type(ring_source).__name__}"
@@ -273,7 +280,7 @@ class ReaderOptions:
         order_by: str | Callable[[Any], Any] | None,
         lateness: float,
     ) -> ReaderOptions:
-        """Several maps in one stream (``_reading/multi.py``): each spec resolved as a single
+        """Several maps in one stream (``_rings/multi.py``): each spec resolved as a single
         source is, each decoder against its own map's source."""
         if isinstance(source, Mapping):
             pairs = list(source.items())
@@ -310,7 +317,7 @@ class ReaderOptions:
         if take_over is not False:
             if take_over is not True:
                 raise TypeError(f"take_over must be True or False, not {take_over!r}")
-            takers = [s for s in sources if hasattr(s, "take_over")]
+            takers = [s for s in sources if isinstance(s, MapSource)]
             if not takers:
                 raise TypeError("take_over=True: none of these sources is a map, to take from "
                                 "a reader in another process")
@@ -346,7 +353,7 @@ class ReaderOptions:
             except ArgumentError as exc:
                 raise ArgumentError("order_by", f"map {member.name!r}: {exc}") from None
         return cls(
-            source=MultiSource(members),
+            source=several_maps(members),
             ring_bytes=size,
             wakeup=resolve_wakeup(wakeup),
             decoder=None,
@@ -387,7 +394,7 @@ class ReaderOptions:
         """That columnar batches can be made (NumPy; a decoder with a layout for each map),
         when a driver is made."""
         if isinstance(self.source, MultiSource):
-            self.source.columns(load_columns)
+            multi.columns(self.source, load_columns)
         else:
             load_columns(self.decoder)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, overload
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from .._naming import Subscriptable
-from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup, check_max_rows
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
 from .._reading.reader import DEFAULT_BATCH, Reader
@@ -40,14 +40,6 @@ CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
 
 
-def _check_max_rows(max_rows: int | None) -> int | None:
-    if max_rows is not None and (
-        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
-    ):
-        raise ValueError(f"max_rows must be None or an int of at least 1, not {max_rows!r}")
-    return max_rows
-
-
 def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     """How a dropped stream's release gets to its loop's thread, when that runs elsewhere."""
 
@@ -57,6 +49,9 @@ def _on_loop_thread(loop: LoopBinding) -> Callable[[Callable[[], None]], bool]:
     return hand_over
 
 
+# scripts/driver_keywords.py copies the Args: entries of the keywords PerfBuffer shares
+# into its docstring, and writes the overloads of __init__ from its signature: run it
+# after editing either (scripts/check.sh fails until then).
 class PerfStream(Subscriptable[T]):
     """Every ring of a source as an async stream: one per CPU of a perf event array,
     the one ring of a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, ``Sample.cpu`` -1).
@@ -666,7 +661,7 @@ class PerfStream(Subscriptable[T]):
 
         Needs NumPy and a decoder with a layout, as ``arrays()`` does (checked now).
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         handlers = Handlers(None, on_lost, on_decode_error, on_array)
         self._options.check_columns()  # NumPy and a decoder with a layout, now
         check_arrays_order(self._options)
@@ -695,7 +690,7 @@ class PerfStream(Subscriptable[T]):
         a ``struct.Struct``: TypeError otherwise), checked now. Ends, and is
         cancelled, as `batches()` is; see docs/columnar.md.
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         check_arrays_order(self._options)
         reader = self._require_open()
         reader.columns()
@@ -718,13 +713,13 @@ class PerfStream(Subscriptable[T]):
         and a decoder with a layout, as ``arrays()`` does. See docs/columnar.md,
         "Leases: arrays in the ring itself".
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         reader = self._require_open()
-        if reader._columns is None:
-            reader.columns()  # NumPy and a decoder with a layout, now
-        from .lease import AsyncLease
+        reader.columns()  # NumPy and a decoder with a layout, now
+        from .lease import AsyncLease, lease
 
-        return AsyncLease(self, reader, max_rows)
+        return AsyncLease(lease(reader.rings), partial(self._take_arrays, reader, max_rows),
+                          self._wait, lambda: self.closed)
 
     def _array_batches(self, max_rows: int | None) -> AsyncIterator[list[Any]]:
         reader = self._require_open()

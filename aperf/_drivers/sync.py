@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from .._errors import ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from .._naming import Subscriptable
-from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
+from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup, check_max_rows
 from .._reading.callbacks import Handlers
 from .._reading.order import DEFAULT_LATENESS
 from .._reading.reader import DEFAULT_BATCH, Reader
@@ -26,7 +26,6 @@ from .._rings.seam import set_paused
 from .._waiting import handle_waiter
 from .lifetime import OpenReader
 from .setup import ReaderOptions, SourceSpec, check_arrays_order
-from .stream import _check_max_rows
 
 if TYPE_CHECKING:
     from .lease import SyncLease
@@ -34,6 +33,9 @@ if TYPE_CHECKING:
 R = TypeVar("R")  # what a wait for events gives: events handled, or a lease's batch
 
 
+# The Args: entries of the keywords shared with PerfStream are PerfStream's, and the
+# overloads of __init__ are written from its signature, by scripts/driver_keywords.py:
+# edit PerfStream's entries (or __init__), then run it.
 class PerfBuffer(Subscriptable[T]):
     """Rings read synchronously, with libbpf's names (a perf event array's, or a BPF ring
     buffer's: its one ring has the key -1).
@@ -75,8 +77,8 @@ class PerfBuffer(Subscriptable[T]):
         wakeup: when the kernel wakes the reader: an ``aperf.Wakeup``, or a preset name
             ("lowest-latency", "balanced", "throughput"); None: ``Wakeup.balanced()``.
         max_pending: events the buffer queues before it stops draining its rings
-            (backpressure: the rings then fill, and the producer's drops are counted
-            as lost); an int of at least 1.
+            (backpressure: the rings then fill, and the producer's drops are counted as
+            lost); an int of at least 1.
         decode_errors: what becomes of a sample the decoder cannot decode: "item" (a
             ``BadSample`` in the stream, in order), "raise" (a ``DecodeError`` raised out of
             ``poll()``/``consume()`` where the sample was) or "skip"; each is counted in
@@ -96,17 +98,27 @@ class PerfBuffer(Subscriptable[T]):
             ``aperf.SampleArray``: the samples of one run of one CPU as a NumPy
             structured array (``array.values``; docs/columnar.md). The counts
             ``poll()`` returns are still of samples.
-        cpus: the CPUs to open rings on (a perf event array only), as for
-            ``PerfStream``; default: every online CPU whose id is a slot of the map.
+        cpus: the CPUs to open rings on (a perf event array only; default: every online
+            CPU whose id is a slot of the map). A CPU that is not possible on the host,
+            or offline at open, is an ``ArgumentError``; samples the BPF program emits on
+            another CPU find an empty slot and fail there with ``-ENOENT``, counted by the
+            BPF side only, never in this stream's ``Lost`` or ``statistics()``
+            (docs/rings.md, "Some CPUs, or several channels per CPU").
         map_keys: index for index with ``cpus``, the map slot of each ring instead of its
-            CPU id, as for ``PerfStream`` (rings are then keyed by map key).
+            CPU id (a BPF program picks it with ``BPF_F_INDEX_MASK``: several channels per
+            CPU); each ring's key, what ``Sample.cpu``, ``Lost.cpu`` and ``statistics()``
+            say, is then its map key. Unique, and below the map's ``max_entries``.
         memory_bytes: instead of ``pages``/``ring_bytes``, a budget for all the rings
-            together, rounded down to what perf rings allow, as for ``PerfStream``.
-        take_over: False (the default): opening a map that another aperf reader holds,
-            in any process, raises ``BusyResourceError`` naming its pid. True: ask that
-            reader to give the map up, as for ``PerfStream``. This buffer, if taken
-            over, learns it in ``poll()``, which then raises ``aperf.TakenOverError``
-            after the events it had.
+            together, rounded down: each ring gets the largest power-of-two page count for
+            which the rings, with their metadata pages, stay within it; a budget no ring
+            size meets is a ``RingSizeError`` naming the smallest and largest possible
+            (docs/rings.md, "A memory budget").
+        take_over: False (the default): opening a map that another aperf reader holds, in
+            any process, raises ``BusyResourceError`` naming its pid. True: ask that reader
+            to give the map up; its stream then ends with ``aperf.TakenOverError``
+            (docs/rings.md, "Two readers of one map"). This buffer, if taken over, learns it
+            in ``poll()``, which then raises ``aperf.TakenOverError`` after the events it
+            had.
         overwritable: True: flight-recorder rings (a perf event array only): the kernel
             keeps overwriting the oldest records with the newest and never drops; the rings
             are not read on wakeups (nothing is delivered or counted as lost) but on demand,
@@ -283,7 +295,10 @@ class PerfBuffer(Subscriptable[T]):
     def poll(self, timeout_ms: int = -1) -> int:
         """Wait up to ``timeout_ms`` (negative: for ever) and handle what is ready.
 
-        Returns the number of events handled. EINTR is retried with the time
+        Returns the number of events handled: at most what was taken out of the rings
+        when it began to hand them out, as libbpf's ``perf_buffer__poll()`` handles what
+        epoll reported and returns (a producer writing flat out does not keep it from
+        returning; what comes meanwhile is for the next call). EINTR is retried with the time
         left; KeyboardInterrupt and callback exceptions propagate; a close from
         another thread meanwhile ends the wait with ClosedResourceError.
         """
@@ -340,7 +355,7 @@ class PerfBuffer(Subscriptable[T]):
             if deadline is not None and time.monotonic() >= deadline:
                 # A ring buffer's wakeup waits for the drain timer (records gather
                 # meanwhile): within the timeout, not past it.
-                if reader.gathering and reader.drain_gathered():
+                if reader.drain_gathered():
                     return take()
                 return nothing
 
@@ -350,15 +365,16 @@ class PerfBuffer(Subscriptable[T]):
         callbacks are not called). Entering waits up to ``timeout_ms`` (negative: for
         ever) for data, as ``poll()`` does; the batch is empty if none came.
         """
-        max_rows = _check_max_rows(max_rows)
+        max_rows = check_max_rows(max_rows)
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
             raise TypeError(f"timeout_ms must be a number, not {type(timeout_ms).__name__}")
         with self._lock:
             reader = self._require_open()
             reader.columns()  # NumPy and a decoder with a layout, now
-            from .lease import SyncLease
+            from .lease import SyncLease, lease
 
-            return SyncLease(self, reader, max_rows, timeout_ms)
+            return SyncLease(lease(reader.rings),
+                             partial(self._lease_batch, max_rows, timeout_ms), self._lock)
 
     def _lease_batch(self, max_rows: int | None, timeout_ms: float) -> list[Any]:
         with self._lock:
@@ -370,7 +386,8 @@ class PerfBuffer(Subscriptable[T]):
             return batch
 
     def consume(self) -> int:
-        """Handle everything every ring holds now, without waiting. Events handled.
+        """Handle everything every ring holds now, without waiting (what comes while the
+        callbacks run is for the next call). Events handled.
 
         After ``close()``: the events the close took out of the rings (see there)."""
         with self._lock:
@@ -425,15 +442,22 @@ class PerfBuffer(Subscriptable[T]):
             return snapshot(self._require_open(), order_by)
 
     def _dispatch(self, reader: Reader) -> int:  # under self._lock
+        """Hand what the reader holds now to the callbacks, and no more; events handed.
+
+        Taking drains the rings that fill meanwhile (so that none overflows while the
+        callbacks run): under a producer faster than the callbacks, handing those over
+        too would never end, and poll() would never return to its caller."""
         handled = 0
+        budget = reader.queued()
         columnar = self._handlers.columnar
-        while True:
+        while handled < budget:
             if self._closing and not self._closed:
                 # A close() in another thread waits for the lock: let it in (taking
                 # also drains the rings, so a producer writing flat out would keep this
                 # loop going for ever). What the rings hold is the close's to take.
                 return handled
-            batch = reader.take_arrays() if columnar else reader.take(DEFAULT_BATCH)
+            batch = reader.take_arrays() if columnar else reader.take(
+                min(DEFAULT_BATCH, budget - handled))
             if not batch:
                 return handled
             pending = reader.dispatch(batch, self._handlers)
@@ -448,6 +472,7 @@ class PerfBuffer(Subscriptable[T]):
             # Columnar: an array counts as its samples.
             handled += sum(len(e) if e.__class__ is SampleArray else 1 for e in batch) if (
                 columnar) else len(batch)
+        return handled
 
     # --- lifecycle ----------------------------------------------------------------------
 

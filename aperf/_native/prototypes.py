@@ -4,7 +4,9 @@ A ``Prototype`` names a C function, its ctypes ``restype``/``argtypes``
 and an ``errcheck``; it looks the function up in its library only when first
 called, so importing aperf loads no library at all (libbpf on Linux,
 ``ebpfapi.dll`` on Windows). Each binding (``libbpf/``, ``ebpfapi/``) gives
-its own library loader and its own "function missing" error.
+its own library loader, "function missing" error and typed error to one
+``Declarations``, whose factories (``int_fn``, ``ptr_fn``, ``plain_fn``) follow
+libbpf's calling conventions.
 
 Both bindings also read a map's facts the same way (``MapInfo``,
 ``read_map_info``), each with its own ``bpf_map_info`` layout.
@@ -118,6 +120,38 @@ def check_nothing(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
     """No error convention (getters, iterators, void): only re-raise callback errors."""
     raise_parked()
     return result
+
+
+class Declarations:
+    """The prototype factories of one library that follows libbpf's calling conventions:
+    its loader, its "function missing" error and its typed error, given once."""
+
+    def __init__(
+        self, library: Callable[[], Any], missing: Callable[[str], Exception],
+        error_for: ErrorFor,
+    ) -> None:
+        self._library = library
+        self._missing = missing
+        self._check_negative = check_negative(error_for)
+        self._check_null = check_null(error_for)
+
+    def declare(
+        self, name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck
+    ) -> Prototype:
+        """A function declared now, bound on first call (importing aperf loads nothing)."""
+        return Prototype(self._library, self._missing, name, restype, argtypes, errcheck)
+
+    def int_fn(self, name: str, *argtypes: Any) -> Prototype:
+        """A function returning ``int``: negative is ``-errno``."""
+        return self.declare(name, ctypes.c_int, argtypes, self._check_negative)
+
+    def ptr_fn(self, name: str, *argtypes: Any) -> Prototype:
+        """A function returning a pointer: NULL means failure, with ``errno`` set."""
+        return self.declare(name, ctypes.c_void_p, argtypes, self._check_null)
+
+    def plain_fn(self, name: str, restype: Any, *argtypes: Any) -> Prototype:
+        """A function with no error convention (a getter, an iterator, or void)."""
+        return self.declare(name, restype, argtypes, check_nothing)
 
 
 # --- map facts: one shape for libbpf's and eBPF for Windows' bpf_map_info ---

@@ -8,14 +8,16 @@ by one (mixed sizes, a struct with a flexible array member) are joined and
 gathered in one NumPy operation. Imported only when a consumer asks for arrays:
 ``import aperf`` never imports NumPy.
 
-The reader's one walk over its queue hands the pieces to ``Columns.arrays``;
+A record format may find its runs for columnar consumers at C speed too
+(``ColumnarRecords``: perf records, ``_rings/perf/runs.py``). The reader's one walk over
+its queue hands the pieces to ``Columns.arrays``;
 the front queues a consumer leaves behind when it switches between events and
 arrays are turned into the other kind here (``Columns.front``, ``Columns.events``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Union, cast
 
 import numpy as np
@@ -24,53 +26,12 @@ from .._arrow.columns import Tabler
 from .._decoding.decode import SizedDecoder
 from .._decoding.layout import byte_order, dtype_spec
 from .._events import BadSample, Event, Lost, Sample, SampleArray, Tails
-from .._rings.perf.format import PerfRecords, split_span, uniform_run_end
-from .._rings.seam import Run, Segment
+from .._rings.seam import ColumnarRecords, RecordFormat, Run, Split
 from .build import EventBuilder, Payloads, RunPiece
 from .order import _Gathered
 
 ArrayItem = Union[SampleArray, Lost, BadSample]  # noqa: UP007 - as Event
 """What a columnar consumer gets."""
-_CHECKS_PER_SPAN = 8  # NumPy checks of a span; then the pure parser (see _RunFinder)
-_U8, _U4 = np.dtype("<u8"), np.dtype("<u4")
-
-
-class _RunFinder:
-    """``_rings/perf/format.split_span``'s ``run_end`` for one span, at C speed: where the run
-    of records identical to the one at ``pos`` ends (``pos`` if fewer than two are in
-    line). The 12 header bytes of every record after it are compared at once (an 8-byte
-    and a 4-byte column), and any difference ends the run, exactly there.
-
-    Each check costs the rest of the span, so a span cut into many runs (an overloaded
-    ring: lost record, sample, lost record...) would cost its length squared: after a
-    few checks the rest of the span goes to the pure parser.
-    """
-
-    __slots__ = ("checks",)
-
-    def __init__(self) -> None:
-        self.checks = _CHECKS_PER_SPAN
-
-    def __call__(self, span: bytes, pos: int, size: int, end: int) -> int:
-        count = (end - pos) // size
-        if count < 2:
-            return pos
-        if size % 8 or self.checks <= 0:  # perf records are 8-aligned; others: pure
-            return uniform_run_end(span, pos, size, end)
-        self.checks -= 1
-        step = size // 8
-        heads = np.frombuffer(span, _U8, count * step, pos)[::step]  # type, misc, size
-        raws = np.frombuffer(span, _U4, count * step * 2, pos)[2 :: step * 2]  # raw size
-        differ = (heads != heads[0]) | (raws != raws[0])
-        if not differ.any():
-            return pos + count * size
-        same = int(differ.argmax())
-        return pos + same * size if same >= 2 else pos
-
-
-def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
-    """One check with ``_RunFinder`` (for tests)."""
-    return _RunFinder()(span, pos, size, end)
 
 
 class Columns:
@@ -96,12 +57,12 @@ class Columns:
         self._tablers: dict[tuple[bool, bool], Tabler] = {}
 
     @staticmethod
-    def split_for(records: Any) -> Callable[[int, bytes], tuple[list[Segment], int]]:
-        """The format's split, with runs found by NumPy where the format is perf's."""
-        split: Callable[[int, bytes], tuple[list[Segment], int]] = records.split
-        if isinstance(records, PerfRecords):
-            return lambda key, span: split_span(key, span, _RunFinder())
-        return split
+    def split_for(records: RecordFormat) -> Split:
+        """The format's split, or its own for columnar consumers (``ColumnarRecords``:
+        perf records, whose runs NumPy finds)."""
+        if isinstance(records, ColumnarRecords):
+            return records.columnar_split()
+        return records.split
 
     def strided_dtype(self, stride: int, skip: int) -> np.dtype[Any]:
         """The decoder's fields ``skip`` bytes into records of ``stride`` bytes."""

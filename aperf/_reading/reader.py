@@ -4,10 +4,14 @@ A ``Reader`` takes spans out of a source's rings, splits them into
 records in ring order, keeps them in one bounded queue, counts everything,
 and dispatches events to callbacks. Drivers only wait (readiness handles, a
 timer at ``deadline``, ``poll``) and call it; the reader itself never waits
-and imports no binding. Its parts have rooms of their own: the drain clock
-(``clock.py``), the loss ledger (``losses.py``), the event builder
-(``build.py``), the callbacks (``callbacks.py``) and the columnar arrays
-(``columnar.py``).
+and imports no binding. Its parts have rooms of their own: the ring set
+(``rings.py``), the drain clock (``clock.py``), the loss ledger (``losses.py``), the
+statistics (``stats.py``), the event builder (``build.py``), the callbacks
+(``callbacks.py``) and the columnar arrays (``columnar.py``); and so do the features a
+stream may not use, which cost nothing when it does not: gathered wakeups
+(``gather.py``), ordering (``ordering.py``, an ordered take instead of the plain build)
+and several maps (``multi.py``). The reader knows no particular source: it asks the
+seam's protocols what a source can do.
 
 Samples wait in the queue raw: a run of equal-sized records as it sits in the
 copied span (a ``Run``), other samples as payload lists; event objects (and
@@ -27,23 +31,20 @@ from typing import TYPE_CHECKING, Any, Union, cast
 
 from .._decoding.decode import NUMPY_HINT
 from .._errors import BrokenRingError, DecodeError
-from .._events import (
-    CpuStatistics,
-    Event,
-    Lost,
-    SampleArray,
-    StreamStatistics,
-    _Failure,
-)
+from .._events import Event, Lost, SampleArray, StreamStatistics, _Failure
 from .._log import log
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup
-from .._rings.seam import Ring, RingSource, Run, Segment, SourceEnded
+from .._rings.seam import Ring, RingSource, Run, SeveralMapsSource, SourceEnded, Split
+from . import multi
 from .build import Decoder, EventBuilder, Payloads, RunPiece
 from .callbacks import Handlers, dispatch
 from .clock import Clock, DrainClock
+from .gather import Gathering
 from .losses import LossLedger, LostCounter
-from .multi import MultiSource
-from .order import DEFAULT_LATENESS, ArrayOrderer, Orderer, OrderKey
+from .order import DEFAULT_LATENESS, OrderKey
+from .ordering import Ordering, rows
+from .rings import RingSet
+from .stats import RingStats, log_summary
 
 if TYPE_CHECKING:
     from .columnar import ArrayItem, Columns
@@ -52,12 +53,6 @@ if TYPE_CHECKING:
 # alive at once and CPython's GC then runs far more often: measured 424 ns/event
 # at 4096, 269 at 256 (244 and 248 with the GC off).
 DEFAULT_BATCH = 256
-# A perf record is at most 64 KiB (its size is a u16): a ring with more free
-# space than that cannot have dropped a sample since it was last emptied.
-MAX_RECORD = 1 << 16
-
-# Per-ring counter slots.
-_SAMPLES, _BYTES, _WAKEUPS, _OTHER = range(4)
 
 
 class _Chunk:
@@ -87,27 +82,6 @@ Queued = Union[_Chunk, _RunChunk, Lost, _Failure]  # noqa: UP007 - as Event
 """What waits in a reader's queue, in ring order."""
 Piece = Union[RunPiece, Payloads, Lost]  # noqa: UP007
 """What ``Reader.pop`` hands out: samples not built yet, or a lost notice."""
-
-
-def _rows(items: list[Any]) -> int:
-    """Events in columnar items: an array counts as its rows."""
-    return sum(len(e) if e.__class__ is SampleArray else 1 for e in items)
-
-
-def gather_threshold(source: RingSource, wakeup: Wakeup, ring_bytes: int) -> int:
-    """Below how many pending bytes a wakeup is left to the drain timer (0: never).
-
-    Only for sources whose kernel wakes the reader once it caught up (a BPF ring
-    buffer: ``wakes_when_caught_up``), with batched wakeups: the wakeup policy's
-    watermark, or a quarter of the ring.
-    """
-    if not wakeup.batched or not getattr(source, "wakes_when_caught_up", False):
-        return 0
-    if wakeup.watermark_bytes:
-        return min(wakeup.watermark_bytes, ring_bytes)
-    if wakeup.watermark_fraction:
-        return int(ring_bytes * wakeup.watermark_fraction)
-    return ring_bytes >> 2
 
 
 def load_columns(decoder: Decoder | None, *, map: str | None = None, offset: int = 0) -> Columns:
@@ -148,61 +122,38 @@ class Reader:
         lateness: float = DEFAULT_LATENESS,
     ) -> None:
         self.source = source
-        self.split: Callable[[int, bytes], tuple[list[Segment], int]] = source.records.split
-        self.rings: dict[int, Ring] = {ring.key: ring for ring in rings}
-        self._handles: dict[int, list[Ring]] = {}
-        for ring in rings:
-            self._handles.setdefault(ring.handle, []).append(ring)
-        for handle in getattr(source, "notices", ()):  # handles of no ring (see SourceEnded)
-            self._handles.setdefault(handle, [])
+        self.split: Split = source.records.split
+        self.rings = RingSet(source, rings)
         # Several maps: a builder per map, by ring key (``multi.py``).
         self.builder = EventBuilder(decoder, decode_errors, self._requeue) if not isinstance(
-            source, MultiSource) else cast(EventBuilder, source.event_builder(
-                decode_errors, self._requeue))  # it has an EventBuilder's calls
+            source, SeveralMapsSource) else cast(EventBuilder, multi.event_builder(
+                source, decode_errors, self._requeue))  # it has an EventBuilder's calls
         self.max_pending = max_pending
         self.resume_below = max(1, max_pending // 2)
-        self.ring_bytes = source.ring_bytes
-        self.memory_bytes = source.memory_bytes
-        self._full_mark = max(0, self.ring_bytes - MAX_RECORD)
-        # Several maps: rings of different sizes.
-        self._sizes: Callable[[int], int] | None = (
-            source.ring_bytes_of if isinstance(source, MultiSource) else None)
         self.held: deque[Event[Any]] = deque()  # built events, served before the queue
         self.next_event = self.held.popleft  # IndexError when the front is empty
         self.held_arrays: deque[ArrayItem] = deque()
         self.next_array = self.held_arrays.popleft
         self.queue: deque[Queued] = deque()
         self.pending = 0  # events in the queue (each sample of a chunk counts)
-        self.stalled: set[int] = set()  # rings with data left while we were full
+        # Rings a drain refused while the queue was full, the longest-refused first: each
+        # pass drains them before the others (_in_turn), so that every ring gets its turn.
+        self.stalled: dict[int, None] = {}
         self.paused = False
         self.closed = False
         self.finished = False  # the source came to its end (SourceEnded(None))
-        self.counters = {key: [0, 0, 0, 0] for key in self.rings}
-        self.high_water: dict[int, int] = {}  # per ring: the largest span one drain took
-        self.broken: set[int] = set()
-        self._watch: list[int] = []  # handles of rings added at run time, for the drivers
-        self._forget: list[int] = []  # and of rings retired (their CPU went offline)
-        self._columns: Columns | None = None
+        self.stats = RingStats(self.rings)
+        self.columnar: Columns | None = None  # once a consumer took arrays (columns())
         self.losses = LossLedger(rings)
         self.wakeup = wakeup
         self.clock = DrainClock(wakeup, clock, self.rings)
-        # Ordered streams (order_by=): built events wait here until their turn (order.py).
+        # The features a stream may not use: None when it does not (they cost nothing).
         period = wakeup.max_latency if wakeup.batched else None
-        self.orderer = None if order_by is None else Orderer(
-            order_by, lateness, period, field=order_field is not None, build=self._build_raw)
-        self._stopped: list[tuple[DecodeError, Payloads]] | None = None  # see _build_raw
-        self._order = (order_field, lateness, period)
-        self.array_orderer: ArrayOrderer | None = None
-        # The orderers in use (none: an unordered stream), for the shared paths to walk.
-        self._orderers: list[Orderer | ArrayOrderer] = [] if self.orderer is None else [
-            self.orderer]
-        self.gather_below = gather_threshold(source, wakeup, self.ring_bytes)
-        self.gathering: set[int] = set()  # rings whose wakeup was left to the drain timer
-        self._last_span: dict[int, int] = {}  # per ring: the bytes its last drain took
-        # Rings whose wakeups the source holds back while records flow (see _gathers).
-        self._hush: Callable[[int, bool], None] | None = (
-            getattr(source, "hush_wakeups", None) if self.gather_below else None)
-        self.hushed: set[int] = set()
+        self.order = None if order_by is None else Ordering(
+            self, order_by, order_field, lateness, period)
+        self.gather = Gathering.of(source, wakeup, self.rings.ring_bytes, self.clock)
+        # What a drain tells them after it took a span (None: nobody listens).
+        self._took = _after_take(self.gather, self.order)
 
     # --- what drivers ask -----------------------------------------------------------
 
@@ -211,14 +162,18 @@ class Reader:
         return self.builder.decoder
 
     @property
+    def ring_bytes(self) -> int:
+        return self.rings.ring_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.rings.memory_bytes
+
+    @property
     def deadline(self) -> float | None:
         """Loop time at which ``tick()`` is due (None: no timer)."""
-        at = self.clock.deadline
-        for orderer in self._orderers:
-            due = orderer.deadline()
-            if due is not None and (at is None or due < at):
-                at = due  # events held for ordering: look again (docs/ordering.md)
-        return at
+        order = self.order
+        return self.clock.deadline if order is None else order.deadline(self.clock.deadline)
 
     @deadline.setter
     def deadline(self, at: float | None) -> None:
@@ -226,37 +181,44 @@ class Reader:
 
     def keys(self) -> list[int]:
         """The ring keys (CPU ids) the reader was opened on, broken ones included."""
-        return sorted(self.counters)
+        return self.stats.keys()
 
     def cpus(self) -> list[int]:
         """The real CPUs of the rings (a ring key is composite in a stream of several maps)."""
-        return sorted({self.builder.cpu_of(key) for key in self.counters})
+        return sorted({self.builder.cpu_of(key) for key in self.stats.counters})
 
     def keys_of(self, cpu: int) -> list[int]:
         """The keys of the rings on ``cpu`` (one per map)."""
         return [key for key in self.keys() if self.builder.cpu_of(key) == cpu]
 
-    def ring_size(self, key: int) -> int:
-        """The data bytes of ring ``key``."""
-        return self.ring_bytes if self._sizes is None else self._sizes(key)
+    def handles(self) -> list[int]:
+        """Every readiness handle the drivers wait on: the rings', then the source's notices."""
+        return self.rings.handles()
+
+    def watches(self, handle: int) -> bool:
+        """Whether any live ring still has this readiness handle."""
+        return self.rings.watches(handle)
 
     def handle_of(self, key: int) -> int | None:
         """The readiness handle of ring ``key`` (None: no such live ring)."""
-        ring = self.rings.get(key)
-        return None if ring is None else ring.handle
+        return self.rings.handle_of(key)
+
+    def handle_changes(self) -> tuple[list[int], list[int]]:
+        """Handles to watch (new rings) and to forget (retired rings) since the last call."""
+        return self.rings.changes()
+
+    def queued(self) -> int:
+        """Events taken out of the rings and not handed out yet (an array counts as its
+        rows), held for ordering included."""
+        return self.pending + len(self.held) + rows(self.held_arrays)
 
     def has_events(self) -> bool:
         """Whether anything waits to be taken (queued, or built in a front queue); of
         events held for ordering, only those that can go now."""
         if self.held or self.held_arrays:
             return True
-        waiting = 0
-        for orderer in self._orderers:
-            if orderer.count:
-                if orderer.releasable(self.clock.now()) or self.closed:
-                    return True
-                waiting += orderer.count
-        return self.pending > waiting
+        order = self.order
+        return self.pending > 0 if order is None else order.has_events()
 
     # --- the drain clock ------------------------------------------------------------
 
@@ -274,35 +236,20 @@ class Reader:
         # drained since the last tick: else a tick that looked at no ring would take the
         # silence for idleness, and the timer would come back only in idle_latency.
         full = self.pending >= self.max_pending
-        for key in list(self.rings):
+        for key in self._in_turn():
             if full or clock.due(key, since):
                 added += self.drain(key)
                 clock.looked(key, now)
         clock.end_tick(now, bool(added), self.rings, parked=self.paused or self.closed)
-        for orderer in self._orderers:
-            if orderer.count:
-                # Held events: a fresh look at every ring, then wake the consumer if
-                # some can go now.
-                if self.pending < self.max_pending:
-                    added += self.drain_all()
-                if orderer.releasable(now):
-                    added += 1
-                orderer.checked(now)
+        if self.order is not None:
+            added += self.order.tick(now)
         return added
 
     # --- draining -------------------------------------------------------------------
 
-    def handles(self) -> list[int]:
-        """Every readiness handle the drivers wait on: the rings', then the source's notices."""
-        return list(self._handles)
-
-    def watches(self, handle: int) -> bool:
-        """Whether any live ring still has this readiness handle."""
-        return handle in self._handles
-
     def on_ready(self, handle: int) -> int:
         """A handle fired: clear it, then drain its rings unless the queue is full."""
-        rings = self._handles.get(handle)
+        rings = self.rings.of_handle(handle)
         if rings is None:
             return 0
         try:
@@ -310,14 +257,12 @@ class Reader:
         except SourceEnded as end:
             return self.end(end.error, drain=end.drain)
         added = 0
-        changed = None if rings else getattr(self.source, "cpus_changed", None)
-        if changed is not None:
-            added += self._cpus_changed(*changed())
+        if not rings and self.rings.cpus_changed is not None:  # a notice: maybe hotplug
+            added += self._cpus_changed(*self.rings.cpus_changed())
+        gather = self.gather
         for ring in rings:
-            counters = self.counters.get(ring.key)
-            if counters is not None:
-                counters[_WAKEUPS] += 1
-            if self.gather_below and self._gathers(ring):
+            self.stats.woke(ring.key)
+            if gather is not None and gather.leaves(ring):
                 continue
             added += self.drain(ring.key)
         self.clock.traffic()
@@ -330,47 +275,21 @@ class Reader:
         after it wakes the armed handle. Not a wakeup: nothing is counted, but what it
         finds is traffic for the drain clock, as a tick's finds are."""
         added = 0
-        for ring in list(self._handles.get(handle, ())):
+        for ring in list(self.rings.of_handle(handle) or ()):
             added += self.drain(ring.key)
         if added:
             self.clock.traffic()
         return added
 
-    def _gathers(self, ring: Ring) -> bool:
-        """Leave this wakeup to the drain timer (a BPF ring buffer, batched wakeups).
-
-        The kernel wakes a ring buffer's reader only for a record committed at its
-        consumer position: a reader that does not catch up at once gets no more
-        wakeups while records gather, and the tick due ``max_latency`` after the
-        ring's last drain takes them all in one drain. Read at once a ring last
-        drained longer ago than that (wakeups are rare: reading costs no more
-        drains than the timer's), one above the threshold, and one whose last
-        drain took a sizeable span: at such rates wakeups are few per sample
-        anyway, and no wakeup would come to say the ring is filling.
-        """
-        key = ring.key
-        limit = self.gather_below
-        if (not self.clock.recently_drained(key) or self._last_span.get(key, 0) >= limit >> 2
-                or ring.pending_bytes() >= limit):
-            return False
-        self.gathering.add(key)
-        if self._hush is not None and key not in self.hushed:
-            # The drain that catches up gets the next record's wakeup: with records
-            # flowing the ticks find them anyway, so hold the wakeups back until a
-            # drain finds the ring empty (or a sizeable span).
-            self._hush(ring.handle, True)
-            self.hushed.add(key)
-        return True
-
-    def _unhush(self, ring: Ring) -> None:
-        self.hushed.discard(ring.key)
-        if self._hush is not None:
-            self._hush(ring.handle, False)
-
     def drain_gathered(self) -> int:
         """Drain the rings whose wakeup waits for the drain timer (a sync poll's timeout)."""
+        gather = self.gather
+        if gather is None:
+            return 0
         added = 0
-        for key in list(self.gathering):
+        for key in list(gather.gathering):
+            if key not in self.rings:
+                gather.gathering.discard(key)  # retired since
             added += self.drain(key)
         return added
 
@@ -385,34 +304,14 @@ class Reader:
                 continue
             added += self.drain(key, force=True) + self._report_unannounced(ring)
             self._retire(ring, broken=False)
-            self._forget.append(ring.handle)
         for ring in new:
-            self.rings[ring.key] = ring
-            self._handles.setdefault(ring.handle, []).append(ring)
-            self.counters.setdefault(ring.key, [0, 0, 0, 0])
+            self.rings.add(ring)
+            self.stats.add(ring.key)
             self.losses.reopened(ring)
-            self._watch.append(ring.handle)
         return added
 
-    def swap_ring(self, ring: Ring) -> None:
-        """Put ``ring`` in place of the live ring with its key and handle (a lease reads
-        it in place: ``_drivers/lease.LeaseRing``)."""
-        old = self.rings.get(ring.key)
-        if old is None:
-            return
-        self.rings[ring.key] = ring
-        self._handles[ring.handle] = [
-            ring if r is old else r for r in self._handles.get(ring.handle, [])
-        ]
-
-    def handle_changes(self) -> tuple[list[int], list[int]]:
-        """Handles to watch (new rings) and to forget (retired rings) since the last call."""
-        watch, forget = self._watch, self._forget
-        self._watch, self._forget = [], []
-        return watch, [handle for handle in forget if handle not in self._handles]
-
     def _pause(self, key: int) -> None:
-        self.stalled.add(key)
+        self.stalled.setdefault(key)  # keeps its place if it was refused before
         if not self.paused:
             self.paused = True
             # From now on the full queue holds back every ring, not only this one: drops
@@ -430,25 +329,22 @@ class Reader:
         if not force and self.pending >= self.max_pending:
             losses.held_back(ring)
             self._pause(key)
-            self._looked(key, False)  # unseen: it may hold earlier events
+            if self.order is not None:
+                self.order.looked(key, False)  # unseen: it may hold earlier events
             return 0
-        self.stalled.discard(key)
-        self.gathering.discard(key)
+        if self.stalled:
+            self.stalled.pop(key, None)
         failure: BrokenRingError | None = None
-        full_mark = self._full_mark if self._sizes is None else self.ring_size(key) - MAX_RECORD
+        full_mark = self.rings.full_mark(key)
+        samples = 0
         try:
             # The producer's drop count, read before the head (_losses.py says why).
             total = losses.count_before_take(ring, full_mark)
             span = ring.take()
             self.clock.drained(key)
-            if self._orderers:
-                self._looked(key, not span)
-            if self.gather_below:
-                self._last_span[key] = len(span)  # what the gathering rule reads
-            if self.hushed and key in self.hushed and (
-                not span or len(span) >= self.gather_below >> 2
-            ):
-                self._unhush(ring)  # idle again, or busy: wakeups from now on
+            took = self._took
+            if took is not None:
+                took(ring, len(span))
             # Caught up at an earlier drain without an exact count: a lost record at
             # the front of this span announces the drops made while it was held back.
             after = bool(losses.after) and key in losses.after
@@ -456,8 +352,7 @@ class Reader:
                 losses.caught_up(ring, total)
             if not span:
                 return 0 if total is None else self._report_unannounced(ring, total)
-            if len(span) > self.high_water.get(key, 0):
-                self.high_water[key] = len(span)
+            self.stats.took(key, len(span))
             segments, other = self.split(key, span)
             if after and segments:
                 losses.first_record(key, segments[0])
@@ -465,9 +360,6 @@ class Reader:
             # The records before the corrupt one are intact: hand them over, then fail.
             self._retire(ring)
             failure, segments, other, span = exc, exc.partial, 0, b""
-        counters = self.counters[key]
-        counters[_BYTES] += len(span)
-        counters[_OTHER] += other
         queue = self.queue
         added = 0
         for segment in segments:
@@ -481,8 +373,9 @@ class Reader:
                 payloads, uniform = segment  # type: ignore[misc]
                 queue.append(_Chunk(key, payloads, uniform))
                 count = len(payloads)
-            counters[_SAMPLES] += count
-            added += count
+            samples += count
+        added += samples
+        self.stats.counted(key, len(span), samples, other)
         self.pending += added
         if failure is not None:
             self.push_failure(failure)
@@ -516,15 +409,8 @@ class Reader:
         return 1
 
     def _retire(self, ring: Ring, *, broken: bool = True) -> None:
-        self.rings.pop(ring.key, None)
-        if broken:
-            self.broken.add(ring.key)
-        self.stalled.discard(ring.key)
-        siblings = [r for r in self._handles.get(ring.handle, ()) if r is not ring]
-        if siblings:
-            self._handles[ring.handle] = siblings
-        else:
-            self._handles.pop(ring.handle, None)
+        self.rings.retire(ring, broken=broken)
+        self.stalled.pop(ring.key, None)
 
     def push_failure(self, exc: BaseException) -> None:
         """Queue an exception, in order, for the consumer to raise when it gets there."""
@@ -536,7 +422,7 @@ class Reader:
         False: then they are no longer ours), then ``error``; look at nothing more.
         No error: the source came to its end (``finished``: the drivers close)."""
         if not drain:
-            self.rings = {}
+            self.rings.drop_rings()
         self.close()
         if error is None:
             self.finished = True
@@ -546,9 +432,10 @@ class Reader:
 
     def _requeue(self, error: DecodeError, rest: Payloads) -> None:
         """decode_errors="raise": the error at the front, the samples after it behind it
-        (while the orderer builds, its own: see ``_build_raw``)."""
-        if self._stopped is not None:
-            self._stopped.append((error, rest))
+        (while the orderer builds, its own: see ``Ordering.build_raw``)."""
+        order = self.order
+        if order is not None and order.stopped is not None:
+            order.stopped.append((error, rest))
             return
         if rest.payloads:
             self.queue.appendleft(_Chunk(*rest))
@@ -557,11 +444,29 @@ class Reader:
         self.pending += 1
 
     def drain_all(self, *, force: bool = False) -> int:
-        """Check every ring: waking up userspace is expensive, make the most of it."""
+        """Check every ring: waking up userspace is expensive, make the most of it.
+        Each in its turn (``_in_turn``), unless ``force``: then the queue refuses none."""
         added = 0
-        for key in list(self.rings):
+        for key in list(self.rings) if force else self._in_turn():
             added += self.drain(key, force=force)
         return added
+
+    def _in_turn(self) -> list[int]:
+        """The live rings in the order a pass drains them: those the full queue refused,
+        the longest-refused first, then the others by key.
+
+        One ring's drain may fill the queue: the rings after it in the pass are refused
+        until the consumer took enough. In key order, the pass after that would begin
+        with the first ring again (filled meanwhile) and refuse the same others, every
+        time: a consumer that never yields (its takes are all that drains) read one ring
+        and the others' drops were all the queue's. Refused first, each ring gets its
+        turn whenever the queue has room."""
+        stalled = self.stalled
+        if not stalled:
+            return list(self.rings)
+        rings = self.rings
+        return [*(key for key in stalled if key in rings),
+                *(key for key in rings if key not in stalled)]
 
     def flush(self) -> int:
         """Take everything the rings hold now, below any wakeup threshold and past the bound."""
@@ -578,12 +483,11 @@ class Reader:
         """
         if self.pending >= self.max_pending >> 2:
             return 0
-        threshold = self.ring_bytes >> 2
+        rings = self.rings
         added = 0
-        for key, ring in list(self.rings.items()):
-            if self._sizes is not None:
-                threshold = self.ring_size(key) >> 2
-            if ring.pending_bytes() >= threshold:
+        for key in self._in_turn():
+            ring = rings.get(key)
+            if ring is not None and ring.pending_bytes() >= rings.size_of(key) >> 2:
                 added += self.drain(key)
         return added
 
@@ -612,8 +516,7 @@ class Reader:
                 self._report_unannounced(ring)
         finally:
             self.closed = True
-            self.rings = {}
-            self._handles = {}
+            self.rings.close()
             self.stalled.clear()
             self.paused = False
             self.clock.stop()
@@ -674,7 +577,7 @@ class Reader:
         out: list[Any] = []
         if self.held_arrays:
             # A columnar consumer stopped: its arrays as events, in front.
-            columns = self._columns
+            columns = self.columnar
             assert columns is not None
             events = columns.events(self.held_arrays, self.builder)
             self.held_arrays.clear()
@@ -691,8 +594,8 @@ class Reader:
         """Build events from the front of the queue into ``out`` until it holds
         ``max_items`` (``take()``'s list, or ``fill()``'s empty front queue itself)."""
         self._before_taking()
-        if self.orderer is not None:
-            self._take_ordered(out, max_items)  # a list: fill() takes this way too
+        if self.order is not None:
+            self.order.take(out, max_items)  # a list: fill() takes this way too
             return
         pop = self.pop
         builder = self.builder
@@ -714,7 +617,7 @@ class Reader:
         it); whether the front has events."""
         held = self.held
         if not held:
-            if self.held_arrays or self.orderer is not None:
+            if self.held_arrays or self.order is not None:
                 # In front: taking may leave events behind it (a columnar
                 # consumer's arrays, turned back into events; released events of an
                 # ordered stream past the batch).
@@ -740,14 +643,14 @@ class Reader:
         ImportError saying what to install without NumPy; TypeError without a
         decoder that has a layout.
         """
-        if self._columns is None:
+        if self.columnar is None:
             source = self.source
-            columns = cast("Columns", source.columns(load_columns)) if isinstance(  # one per map
-                source, MultiSource) else load_columns(self.decoder)
+            columns = cast("Columns", multi.columns(source, load_columns)) if isinstance(
+                source, SeveralMapsSource) else load_columns(self.decoder)  # one per map
             # From now on runs are found with NumPy too.
             self.split = columns.split_for(source.records)
-            self._columns = columns
-        return self._columns
+            self.columnar = columns
+        return self.columnar
 
     def take_arrays(self, max_rows: int | None = None) -> list[ArrayItem]:
         """Everything queued, as :class:`SampleArray` items (one per run of one CPU's
@@ -763,8 +666,8 @@ class Reader:
             out.extend(columns.front(self.held))  # a per-item consumer stopped
             self.held.clear()
         self._before_taking()
-        if self.orderer is not None:
-            out.extend(self._take_arrays_ordered(columns, max_rows))
+        if self.order is not None:
+            out.extend(self.order.take_arrays(columns, max_rows))
             return out
         pop = self.pop
         builder = self.builder
@@ -784,158 +687,10 @@ class Reader:
             held.extend(self.take_arrays(max_rows))
         return bool(held)
 
-    # --- ordered streams (order_by=, order.py) -----------------------------------------
-
-    def _queued_rings(self) -> set[int]:
+    def queued_rings(self) -> set[int]:
         """The rings whose samples wait in the queue, not built yet."""
         return {seg.key for seg in self.queue
                 if seg.__class__ is _Chunk or seg.__class__ is _RunChunk}
-
-    def _feed(self, orderer: Orderer | ArrayOrderer,
-              add: Callable[[int, Piece, int, float], int]) -> None:
-        """Look at the rings with nothing queued (which are idle now), then hand
-        everything queued to an orderer (``add``: how many events it holds for it now),
-        so that what aperf took out of every ring is ordered together; held events
-        count in ``pending``.
-
-        A look reads a ring's head only: one that holds samples is busy (it holds the
-        others back until its wakeup or the drain timer takes them), one that holds
-        none is idle. Taking them here would cut the stream into small drains."""
-        queued = self._queued_rings()
-        for key, ring in self.rings.items():
-            if key not in queued:
-                self._looked(key, not ring.pending_bytes())
-        now = self.clock.now()
-        pop = self.pop
-        started = False
-        while True:
-            piece = pop(None, started)
-            if piece is None:
-                break
-            started = True
-            if isinstance(piece, Lost):
-                key, samples = self.builder.key_of(piece), 1  # its ring's (a map's offset + CPU)
-            else:
-                key = piece.key
-                samples = piece.stop - piece.start if isinstance(piece, RunPiece) else len(
-                    piece.payloads)
-            self.pending += add(key, piece, samples, now)
-        # A queued failure ends the batch in front of it (``pop``): the rings of the
-        # samples behind it are busy, they come after the ones handed over.
-        for key in self._queued_rings():
-            orderer.looked(key, False)
-
-    def _queue_raw(self, key: int, piece: Piece, samples: int, now: float) -> int:
-        """``_feed`` for events: the orderer keeps the piece raw until a release needs it."""
-        assert self.orderer is not None
-        self.orderer.queue(key, piece, samples, now)
-        return samples
-
-    def _build_raw(self, piece: Piece, limit: int) -> tuple[list[Any], list[tuple[Any, int]]]:
-        """Build up to ``limit`` samples of a piece the orderer held raw (``Orderer.build``):
-        the events and the rest. A decode error under "raise" becomes the orderer's error
-        (raised once what can go went back to the front), the samples after it the rest."""
-        out: list[Any] = []
-        rest: list[tuple[Any, int]] = []
-        if isinstance(piece, Lost):
-            return [piece], rest
-        builder = self.builder
-        self._stopped = []
-        try:
-            if isinstance(piece, RunPiece):
-                stop = min(piece.stop, piece.start + limit)
-                builder.run(piece.key, piece.run, piece.start, stop, out)
-                built = stop - piece.start
-                if stop < piece.stop:
-                    rest.append((RunPiece(piece.key, piece.run, stop, piece.stop),
-                                 piece.stop - stop))
-            else:
-                payloads = piece.payloads
-                built = min(limit, len(payloads))
-                builder.payloads(piece.key, payloads[:built], piece.uniform, out)
-                if built < len(payloads):
-                    rest.append((Payloads(piece.key, payloads[built:], piece.uniform),
-                                 len(payloads) - built))
-            stopped, self._stopped = self._stopped, None
-        finally:
-            self._stopped = None
-        self.pending += len(out) - built  # samples skipped (or stopped at) leave the count
-        if stopped:
-            error, after = stopped[0]
-            assert self.orderer is not None
-            if self.orderer.error is None:
-                self.orderer.error = error
-            if after.payloads:
-                rest.insert(0, (after, len(after.payloads)))
-                self.pending += len(after.payloads)
-        return out, rest
-
-    def _looked(self, key: int, empty: bool) -> None:
-        """Tell the orderers a look at ring ``key`` found it ``empty`` (idle) or not."""
-        for orderer in self._orderers:
-            orderer.looked(key, empty)
-
-    def _released(self, orderer: Orderer, out: list[Any], want: int) -> list[Any]:
-        released = orderer.release(self.clock.now(), everything=self.closed, want=want)
-        self.pending -= len(released)
-        error = orderer.take_error() if isinstance(orderer, Orderer) else None
-        if error is not None:
-            self.put_back(out + released)  # nothing lost: served before the error's cause
-            raise error
-        return released
-
-    def _take_ordered(self, out: list[Any], max_items: int) -> list[Event[Any]]:
-        orderer = self.orderer
-        assert orderer is not None
-        builder = self.builder
-        if self.array_orderer is not None and self.array_orderer.count:
-            # A columnar consumer stopped: what it held, as events, in front.
-            arrays = self._released_all(self.array_orderer)
-            out.extend(self.columns().events(arrays, builder))
-
-        self._feed(orderer, self._queue_raw)
-        out.extend(self._released(orderer, out, max(max_items - len(out), 1)))
-        if len(out) > max_items:
-            self.held.extend(out[max_items:])
-            del out[max_items:]
-        return out
-
-    def _released_all(self, orderer: Orderer | ArrayOrderer) -> list[Any]:
-        released = orderer.release(self.clock.now(), everything=True)
-        self.pending -= len(released) if isinstance(orderer, Orderer) else _rows(released)
-        return released
-
-    def _take_arrays_ordered(self, columns: Columns, max_rows: int | None) -> list[Any]:
-        if self.array_orderer is None:
-            field = self._order[0]
-            if field is None:
-                raise TypeError("arrays() of an ordered stream needs order_by= a field name "
-                                "(a callable key orders events, not arrays)")
-            self.array_orderer = ArrayOrderer(field, self._order[1], columns, self._order[2])
-            self._orderers.append(self.array_orderer)
-            if self.orderer is not None:  # what the looks so far saw
-                self.array_orderer.empty.update(self.orderer.empty)
-        orderer = self.array_orderer
-        out: list[Any] = []
-        if self.orderer is not None and self.orderer.count:
-            out.extend(columns.front(self._released_all(self.orderer)))  # a per-item consumer's
-        builder = self.builder
-
-        def add(key: int, piece: Piece, samples: int, now: float) -> int:
-            items: list[Any] = []
-            if isinstance(piece, Lost):
-                items.append(piece)
-            else:
-                columns.arrays(piece, builder, None, items)
-            orderer.add_items(key, items, now)
-            return _rows(items)
-
-        self._feed(orderer, add)
-        orderer.max_rows = max_rows
-        released = orderer.release(self.clock.now(), everything=self.closed)
-        self.pending -= _rows(released)
-        out.extend(released)
-        return out
 
     def put_back(self, events: list[Any]) -> None:
         """Return built events to the front, in order (nothing is dropped)."""
@@ -951,7 +706,7 @@ class Reader:
         failure is put back, in order."""
         return dispatch(batch, handlers, self.put_back)
 
-    # --- statistics -----------------------------------------------------------------
+    # --- statistics (stats.py) ---------------------------------------------------------
 
     @property
     def lost_counter(self) -> LostCounter:
@@ -959,12 +714,11 @@ class Reader:
         return self.losses.counter(self.source.records)
 
     def statistics(self) -> StreamStatistics:
-        cpus = tuple(self._cpu_statistics(key, c) for key, c in sorted(self.counters.items()))
+        order = self.order
         return StreamStatistics(
-            cpus=cpus,
-            pending=self.pending + len(self.held) + sum(
-                len(e) if e.__class__ is SampleArray else 1 for e in self.held_arrays
-            ),
+            cpus=self.stats.cpus(self.rings, self.losses, self.builder,
+                                 _never if order is None else order.late),
+            pending=self.queued(),
             max_pending=self.max_pending,
             paused=self.paused,
             ring_bytes=self.ring_bytes,
@@ -973,40 +727,28 @@ class Reader:
             drain_period=None if self.closed else self.period(self.clock.now()),
             lost_counter=self.lost_counter,
             _maps=self.source.map_facts(self.losses.exact) if isinstance(
-                self.source, MultiSource) else None,
-        )
-
-    def _cpu_statistics(self, key: int, c: list[int]) -> CpuStatistics:
-        losses, ring = self.losses, self.rings.get(key)
-        lost = losses.lost(key, ring)
-        queue_lost, _ = losses.split(key, lost)
-        size = self.ring_size(key)
-        return CpuStatistics(
-            cpu=self.builder.cpu_of(key),
-            samples=c[_SAMPLES],
-            lost=lost,
-            bytes=c[_BYTES],
-            wakeups=c[_WAKEUPS],
-            decode_errors=self.builder.errors.get(key, 0),
-            other_records=c[_OTHER],
-            broken=key in self.broken,
-            backlog_bytes=0 if ring is None else ring.pending_bytes(),
-            high_water=self.high_water.get(key, 0) / size if size else 0.0,
-            queue_lost=queue_lost,
-            map=self.builder.map_of(key),
-            late=sum(o.late.get(key, 0) for o in self._orderers),
+                self.source, SeveralMapsSource) else None,
         )
 
     def log_summary(self, event: str) -> None:
-        stats = self.statistics()
-        log.info(
-            event,
-            source=self.source.name,
-            samples=stats.samples,
-            lost=stats.lost,
-            lost_by_cpu={c.cpu if c.map is None else f"{c.map}:{c.cpu}": c.lost
-                         for c in stats.cpus if c.lost},
-            lost_counter=stats.lost_counter,
-            decode_errors=stats.decode_errors,
-            undelivered=stats.pending,
-        )
+        log_summary(event, self.source.name, self.statistics())
+
+
+def _never(key: int) -> int:
+    return 0
+
+
+def _after_take(gather: Gathering | None,
+                order: Ordering | None) -> Callable[[Ring, int], None] | None:
+    """What a drain calls after it took a span (``(ring, its length)``): the features
+    that listen, or None."""
+    if gather is None:
+        return None if order is None else lambda ring, length: order.took(ring.key, length)
+    if order is None:
+        return gather.took
+
+    def both(ring: Ring, length: int) -> None:
+        gather.took(ring, length)
+        order.took(ring.key, length)
+
+    return both

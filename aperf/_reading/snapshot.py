@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import ArgumentError, DecodeError, UnsupportedError
 from .._events import BadSample, Event, Lost, Sample
-from .._rings.seam import Run, payloads_of
+from .._rings.seam import Run, SnapshotSource, payloads_of
 from .build import EventBuilder
 from .reader import Reader
 
@@ -61,13 +61,12 @@ def snapshot(reader: Reader, order_by: str | None = None) -> list[Event[Any]]:
             raise ArgumentError("order_by", f"order_by={order_by!r} needs a decoder whose "
                                 "values have that field")
     source = reader.source
-    newest = getattr(source, "newest", None)
-    if newest is None:
+    if not isinstance(source, SnapshotSource):
         raise UnsupportedError(
             f"snapshot() reads flight-recorder rings, which only a Linux perf event array "
             f"has (overwritable=True); {source.name} is a {type(source).__name__}"
         )
-    spans: list[tuple[int, bytes]] = newest()
+    spans = source.newest()
     policy = reader.builder.decode_errors
     builder = EventBuilder(reader.decoder, "item" if policy == "raise" else policy,
                            _no_requeue)

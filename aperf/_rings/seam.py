@@ -78,6 +78,9 @@ def payloads_of(segment: tuple[list[bytes], bool] | Run) -> list[bytes]:
 RunEnd = Callable[[bytes, int, int, int], int]
 """``(span, pos, size, end)`` -> where the run of identical records from ``pos`` ends."""
 
+Split = Callable[[int, bytes], tuple[list[Segment], int]]
+"""A record format's ``split``."""
+
 
 # --- the protocols ---
 
@@ -96,6 +99,16 @@ class RecordFormat(Protocol):
 
         Raises ``BrokenRingError`` on a record that does not fit.
         """
+        ...
+
+
+@runtime_checkable
+class ColumnarRecords(RecordFormat, Protocol):
+    """A record format with a split of its own for columnar consumers (aperf's own: perf
+    records, whose runs of identical records NumPy finds at C speed)."""
+
+    def columnar_split(self) -> Split:
+        """A split as ``split``, for a reader whose consumer takes arrays."""
         ...
 
 
@@ -184,12 +197,8 @@ class RingSource(Protocol):
         ...
 
     def acknowledge(self, handle: int) -> None:
-        """Clear ``handle``'s readiness before its rings are read.
-
-        A source may also have ``notices``: readiness handles of no ring that the
-        drivers wait on too (a map lock's take-over requests). Their
-        ``acknowledge`` may raise ``SourceEnded``.
-        """
+        """Clear ``handle``'s readiness before its rings are read (or a notice's, of a
+        ``NoticeSource``: that may raise ``SourceEnded``)."""
         ...
 
     def free(self) -> None:
@@ -203,18 +212,42 @@ class RingSource(Protocol):
         ...
 
 
-@runtime_checkable
-class RecordedSource(Protocol):
-    """What a source may add (optional): it knows the decoder its samples were made for
-    (a replay of a recording), and refuses a stream's decoder that is another one."""
+# --- what a source may add: each optional ability is a protocol of its own ---
+#
+# As trio.abc declares ``HalfCloseableStream(Stream)``, each ability is a sub-protocol of
+# ``RingSource``: the reader and the drivers ask ``isinstance(source, HotplugSource)``,
+# never for a member by name, and a source has an ability exactly when it has its
+# members (tests/unit/test_abc.py holds every source aperf ships to what it declares).
 
-    def check_decoder(self, decoder: object) -> None:
-        """Raise ``aperf.DecoderMismatchError`` naming both, if ``decoder`` is not it."""
+
+@runtime_checkable
+class NoticeSource(RingSource, Protocol):
+    """A source with notices: readiness handles of no ring, which the drivers wait on
+    too (a map lock's take-over requests, the CPU hotplug uevent socket, a replay's
+    end). Their ``acknowledge`` may raise ``SourceEnded``: the reader then queues what
+    the rings hold, then the error, and stops."""
+
+    @property
+    def notices(self) -> Sequence[int]:
+        """The notice handles, while open (the list may change only at open)."""
         ...
 
 
-class PausableSource(Protocol):
-    """What a source may add (optional): stopping its producer at the source.
+@runtime_checkable
+class HotplugSource(NoticeSource, Protocol):
+    """A source that follows CPU hotplug (a perf event array opened on every online CPU):
+    after one of its notices fired, ``cpus_changed()`` says which rings' CPUs went
+    offline and hands over the rings of CPUs that came online."""
+
+    def cpus_changed(self) -> tuple[list[int], Sequence[Ring]]:
+        """The keys of the rings whose CPU went offline (still readable: the reader drains
+        them, then retires them), and the new rings of CPUs that came online."""
+        ...
+
+
+@runtime_checkable
+class PausableSource(RingSource, Protocol):
+    """A source whose producer can be stopped at the source.
 
     A perf event array pauses by emptying its map slots, so that the BPF program's
     ``bpf_perf_event_output()`` fails with ``-ENOENT`` (counted by the BPF side, not
@@ -222,14 +255,18 @@ class PausableSource(Protocol):
     still read. Both calls are idempotent.
     """
 
-    def pause(self) -> None: ...
+    def pause(self) -> None:
+        """Stop the producer writing into the rings (idempotent)."""
+        ...
 
-    def resume(self) -> None: ...
+    def resume(self) -> None:
+        """Let the producer write into the rings again (idempotent)."""
+        ...
 
 
-class QuiescingSource(Protocol):
-    """What a source may add (optional): stopping its producer for good, before the
-    close's last drain.
+@runtime_checkable
+class QuiescingSource(RingSource, Protocol):
+    """A source whose producer can be stopped for good, before the close's last drain.
 
     ``quiesce()`` returns once nothing writes into the rings any more: a perf event
     array empties its map slots (the BPF side's output fails with ``-ENOENT`` from then
@@ -240,26 +277,139 @@ class QuiescingSource(Protocol):
     memory: what is written after the last drain stays in it for the map's next reader).
     """
 
-    def quiesce(self) -> None: ...
+    def quiesce(self) -> None:
+        """Return once nothing writes into the rings any more (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class SnapshotSource(RingSource, Protocol):
+    """A source with flight-recorder rings (a perf event array opened with
+    ``overwritable=True``): ``snapshot()`` reads their newest records on demand."""
+
+    def newest(self) -> list[tuple[int, bytes]]:
+        """Each flight-recorder ring's records, oldest first, as ``(key, span)``: read
+        with the producer paused, then resumed unless it was paused already.
+        ``UnsupportedError`` if the rings are not flight-recorder rings."""
+        ...
+
+
+@runtime_checkable
+class GatheringSource(RingSource, Protocol):
+    """A source whose kernel wakes the reader only once it caught up (a BPF ring buffer:
+    a record committed at the consumer position wakes it, others do not), so that with
+    batched wakeups the reader may leave a wakeup to its drain timer and let records
+    gather meanwhile; and whose wakeups can be held back while records flow."""
+
+    wakes_when_caught_up: bool
+    """True: what makes gathering safe (no wakeup comes while the reader lags)."""
+
+    def hush_wakeups(self, handle: int, hushed: bool) -> None:
+        """Hold the kernel's wakeups back from ``handle`` (True), or pass them again
+        (False: records already there are reported at once, none is missed)."""
+        ...
+
+
+@runtime_checkable
+class MapSource(RingSource, Protocol):
+    """A source that reads a BPF map: it claims the map, so that a second reader, in
+    this process or another, is refused (``BusyResourceError``) unless it takes the map
+    over (``take_over``); and it knows the ``aperf.BPFObject`` the map belongs to, if
+    any, whose BTF names decoders (``decoder="struct event"``)."""
+
+    take_over: bool
+    """Set before open: ask the reader holding the map in another process to give it up."""
+
+    @property
+    def object(self) -> object | None:
+        """The ``aperf.BPFObject`` the map belongs to, if known."""
+        ...
+
+
+@runtime_checkable
+class RecordedSource(RingSource, Protocol):
+    """A source that knows the decoder its samples were made for (a replay of a
+    recording), and refuses a stream's decoder that is another one."""
+
+    def check_decoder(self, decoder: object) -> None:
+        """Raise ``aperf.DecoderMismatchError`` naming both, if ``decoder`` is not it."""
+        ...
+
+
+# --- several maps in one stream (aperf's own, not for backends) ---
+
+MAP_KEY_STRIDE = 1 << 20
+"""In a source of several maps, ring keys of map ``i`` are ``i * MAP_KEY_STRIDE + key + 1``
+(``map_key_offset(i) + key``): room for any CPU id (or perf map key) below
+``MAP_KEY_STRIDE - 1``, and for -1 (a ring buffer)."""
+
+def map_key_offset(index: int) -> int:
+    """What map ``index`` of a source of several maps adds to its rings' keys."""
+    return index * MAP_KEY_STRIDE + 1
+
+
+class MapMember(Protocol):
+    """One map of a source of several: its name, its source and its decoder."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> RingSource: ...
+
+    @property
+    def decoder(self) -> Callable[[bytes], object] | None: ...
+
+
+@runtime_checkable
+class SeveralMapsSource(RingSource, Protocol):
+    """A source made of the sources of several maps (``PerfStream({name: map, ...})``),
+    whose rings carry composite keys (``map_key_offset``); what the reader builds per
+    map (an event builder, columns) it builds from ``members``."""
+
+    @property
+    def members(self) -> Sequence[MapMember]: ...
+
+    def ring_bytes_of(self, key: int) -> int:
+        """The data bytes of ring ``key``: its map's ring size."""
+        ...
+
+    def map_facts(self, exact: Callable[[int], bool]) -> dict[str, tuple[int, int, str]]:
+        """Each map's ring size, memory and where its loss counts come from."""
+        ...
+
+    def split_with(self, splits: Sequence[Split]) -> Split:
+        """A split over the composite keys that hands each span to its map's ``splits``."""
+        ...
 
 
 def quiesce(source: RingSource) -> None:
     """The source's ``quiesce()``, if it has one (``QuiescingSource``)."""
-    step = getattr(source, "quiesce", None)
-    if step is not None:
-        step()
+    if isinstance(source, QuiescingSource):
+        source.quiesce()
 
 
 def set_paused(source: RingSource, paused: bool) -> None:
     """``pause()``/``resume()`` of a driver: the source's, or ``UnsupportedError``."""
-    step = getattr(source, "pause" if paused else "resume", None)
-    if step is None:
+    step = "pause" if paused else "resume"
+    if isinstance(source, PausableSource):
+        if paused:
+            source.pause()
+        else:
+            source.resume()
+        return
+    if isinstance(source, SeveralMapsSource):
+        cannot = [m.name for m in source.members if not isinstance(m.source, PausableSource)]
         raise UnsupportedError(
-            f"{source.name} cannot pause its producer: it has no map slots to empty "
-            "(a BPF ring buffer has one ring for every CPU and no slots); stop or detach "
-            "the BPF program instead"
+            f"map {', '.join(map(repr, cannot))} cannot {step} its producer: a BPF ring "
+            "buffer has no map slots to empty; a stream of several maps pauses all of "
+            "them or none (stop or detach the BPF programs instead)"
         )
-    step()
+    raise UnsupportedError(
+        f"{source.name} cannot pause its producer: it has no map slots to empty "
+        "(a BPF ring buffer has one ring for every CPU and no slots); stop or detach "
+        "the BPF program instead"
+    )
 
 
 def _members(protocol: type) -> tuple[str, ...]:

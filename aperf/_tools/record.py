@@ -21,14 +21,13 @@ import aperf
 from .nats_options import positive_seconds
 from .trace.cli import (
     WAKEUPS,
-    StopSignals,
     configure_logging,
     first_line,
     positive,
     positive_power_of_two,
-    warn,
 )
 from .trace.preflight import missing_privileges
+from .trace.session import StopSignals, warn
 
 PROG = "python -m aperf record"
 

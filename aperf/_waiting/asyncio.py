@@ -34,7 +34,7 @@ from .._errors import AperfError, BusyResourceError
 from .base import HandleKind, OnHandle
 
 if TYPE_CHECKING:
-    from .._native.libbpf import TimerFd
+    from .._native.libc.timerfd import TimerFd
     from .win32 import HandleWaiterThread
 
 
@@ -151,7 +151,7 @@ class AsyncioBinding:
             self._timer = self._loop.call_at(at, callback)
 
     def _make_timerfd(self) -> TimerFd:
-        from .._native.libbpf import TimerFd
+        from .._native.libc.timerfd import TimerFd
 
         timerfd = TimerFd()
         try:

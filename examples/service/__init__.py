@@ -29,6 +29,9 @@ The modules, in the order events flow through them:
 - ``cli``: options, logging, start-up checks (each failure is one line on
   stderr and exit status 1), uvicorn.
 
+Beside the service, ``dashboard_picture`` draws the panels of ``grafana-dashboard.json`` from
+Prometheus' answers over a recorded run (docs/service.md's picture; Grafana is not used).
+
 SIGTERM or Ctrl-C stops reading the rings, publishes every event read, ends
 every event stream, stops the server, closes the perf stream (the rings are
 freed) and the BPF object (the programs are detached), and exits with status 0.

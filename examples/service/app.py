@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ DEFAULT_REPLAY = 4096
 HEARTBEAT_SECONDS = 15.0
 SHUTDOWN_SECONDS = 2.0
 MAX_CLIENTS = 64  # event streams at once; one more gets 503
+HISTORY = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)  # /events?history=N (capped at the window)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,21 @@ class Settings:
     max_clients: int = MAX_CLIENTS
     max_connections: int = MAX_CONNECTIONS  # connections.ConnectionGuard
     header_timeout: float = HEADER_TIMEOUT
+
+
+class BadHistoryError(ValueError):
+    """A ``history=`` query parameter that is not a number of events."""
+
+
+def history_asked(request: Request, window: int) -> int | None:
+    """``/events?history=N``: the last N events for a new client (at most the window)."""
+    given = request.query_params.get("history")
+    if given is None:
+        return None
+    if HISTORY.fullmatch(given) is None:
+        shown = given if len(given) <= 20 else given[:20] + "..."
+        raise BadHistoryError(f"history={shown!r} is not a number of events (0 to 999999999)")
+    return min(int(given), window)
 
 
 class ASGIEndpoint:
@@ -111,8 +128,9 @@ def create_app(settings: Settings) -> Starlette:
             peer = f"{request.client.host}:{request.client.port}" if request.client else \
                 "unknown"
             try:
-                cursor = hub.subscribe(request.headers.get("last-event-id"), peer)
-            except BadEventIdError as exc:
+                cursor = hub.subscribe(request.headers.get("last-event-id"), peer,
+                                       history_asked(request, hub.window))
+            except (BadEventIdError, BadHistoryError) as exc:
                 response = JSONResponse({"error": str(exc)}, status_code=400)
             else:
                 hub.clients += 1

@@ -10,6 +10,10 @@ A client whose cursor falls out of the window (it reads too slowly, or it reconn
 ``Last-Event-ID`` older than the window) skips to the oldest event still kept and first gets an
 ``event: missed`` notice saying how many events it missed. A client that reconnects with an id
 still in the window gets every event after it: nothing is lost across a short disconnection.
+
+A client that asks for ``history`` (a page that opens) starts that many events back instead of
+with the next one, and gets an ``event: ready`` once it has everything published when it came:
+a page shows what happened before it opened, and knows when its first view is complete.
 """
 
 from __future__ import annotations
@@ -56,6 +60,12 @@ def sse(data: str | None = None, *, event: str | None = None, id: str | None = N
 def missed_notice(missed: int | None, reason: str) -> bytes:
     """``event: missed``: how many events a client did not get (None: unknown), and why."""
     return sse(json.dumps({"missed": missed, "reason": reason}), event="missed")
+
+
+def ready_notice(clients: int) -> bytes:
+    """``event: ready``: the client has had every event published when it came, and is one
+    of ``clients`` connected clients."""
+    return sse(json.dumps({"clients": clients}), event="ready")
 
 
 class Hub:
@@ -129,13 +139,25 @@ class Hub:
         while self.next_seq <= seq and not self.closed:
             await self._published.wait()
 
-    def subscribe(self, last_event_id: str | None, peer: str) -> Cursor:
+    def subscribe(self, last_event_id: str | None, peer: str,
+                  history: int | None = None) -> Cursor:
         """A cursor for a new client, after ``last_event_id`` if it reconnects.
 
-        Raises BadEventIdError for an id this run did not hand out.
+        With ``history`` (events, at most the window), a client without ``last_event_id``
+        starts that many events back, and every client gets ``event: ready`` once it has
+        what was published when it came. Raises BadEventIdError for an id this run did not
+        hand out.
         """
+        cursor = self._cursor(last_event_id, peer, history)
+        if history is not None:
+            cursor.ready_at = self.next_seq
+        return cursor
+
+    def _cursor(self, last_event_id: str | None, peer: str, history: int | None) -> Cursor:
         if last_event_id is None:
-            return Cursor(self, self.next_seq, peer)
+            start = self.next_seq if history is None else \
+                max(self.oldest_seq, self.next_seq - history)
+            return Cursor(self, start, peer)
         match = EVENT_ID.fullmatch(last_event_id)
         if match is None:
             shown = last_event_id if len(last_event_id) <= 60 else last_event_id[:60] + "..."
@@ -189,6 +211,9 @@ class Cursor:
         self.peer = peer
         self.notice = notice  # said first, before any event
         self.missed = 0
+        # With history asked for: the next_seq of the hub when the client came; once the
+        # client has everything before it, it gets `event: ready` (then None).
+        self.ready_at: int | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """What to write to this client: events, notices; ends when the hub closes.
@@ -212,8 +237,16 @@ class Cursor:
                     self.seq = hub.oldest_seq
                     yield missed_notice(missed, "slow")
                     continue
+                if self.ready_at is not None and self.seq >= self.ready_at:
+                    # Counted now, with this client among them: a page never shows
+                    # itself missing.
+                    yield ready_notice(len(hub.cursors))
+                    self.ready_at = None
+                    continue
                 if self.seq < hub.next_seq:
                     end = min(hub.next_seq, self.seq + MAX_WRITE_BATCH)
+                    if self.ready_at is not None:
+                        end = min(end, self.ready_at)  # ready comes between, exactly
                     chunk = hub.events(self.seq, end)
                     self.seq = end
                     yield chunk

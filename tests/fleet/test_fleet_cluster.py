@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -45,7 +46,13 @@ from .test_fleet import (
     until,
 )
 
-ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])  # the time budget: see below
+ONE_LOOP = pytest.mark.anyio  # on asyncio alone (anyio_backend below): the time budget
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """These slow tests run on one loop, asyncio (nats-py is asyncio's)."""
+    return ("asyncio", {})
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ import aperf.fleet as fleet  # its new names are read in the tests, so they run 
 from aperf.fleet import FleetConfigError, FleetReader, JetStreamSink, create_stream
 from aperf.fleet.testing import NatsServer, free_port
 
-from ..helpers import REPO
+from ..helpers import REPO, asyncio_only
 from .test_fleet import running_server
 from .test_fleet_security import make_certificates
 
@@ -142,7 +142,8 @@ async def open_error(thing: JetStreamSink | FleetReader) -> FleetConfigError:
 # --- a fake server that offers no TLS -----------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_tls_asked_for_is_tls_or_nothing(tmp_path: Path) -> None:
     """A server, or someone in between, that says ``"tls_required": false`` to a client
     that asked for TLS gets nothing: before, nats-py sent it the password in clear."""
@@ -188,7 +189,8 @@ async def test_tls_asked_for_is_tls_or_nothing(tmp_path: Path) -> None:
         assert error.argument == "tls_ca"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_tls_first_sends_nothing_before_the_handshake(tmp_path: Path) -> None:
     """``tls_handshake_first``: TLS before the INFO (nats-server 2.9 cannot do it; a
     fake that does stands in). The CONNECT arrives, over TLS."""
@@ -205,7 +207,8 @@ async def test_tls_first_sends_nothing_before_the_handshake(tmp_path: Path) -> N
         assert connect["pass"] == SECRET  # decrypted by the fake: it came over TLS
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_password_in_clear_goes_only_to_this_host() -> None:
     host = outward_address()
     # Not on this host, no TLS: refused before the CONNECT, for every kind of secret.
@@ -251,7 +254,8 @@ async def test_a_password_in_clear_goes_only_to_this_host() -> None:
         # A creds file (nkey challenge-response) sends no secret: no warning.
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_server_a_cluster_adds_is_held_to_the_same_rules(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -306,7 +310,8 @@ authorization {{ users: [ {{user: web-1, password: "{SECRET}"}} ] }}
         yield s, made.ca, monitor
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_real_server_that_lets_clients_choose_gets_tls(
     either_server: tuple[NatsServer, Path, int],
 ) -> None:
@@ -325,7 +330,8 @@ async def test_a_real_server_that_lets_clients_choose_gets_tls(
         await create_stream(server.url, **login())
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_real_server_without_tls_is_refused_when_tls_is_asked_for(
     tmp_path: Path,
 ) -> None:
@@ -353,7 +359,8 @@ async def run_command(*args: str) -> tuple[int, str]:
     return proc.returncode, err.decode()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_commands_refuse_in_one_line_with_their_cannot_run_status(tmp_path: Path) -> None:
     ca = make_certificates(tmp_path / "etc").ca
     secret = tmp_path / "password"
@@ -409,7 +416,8 @@ def test_the_ca_option_says_what_it_is() -> None:
     assert "--nats-insecure" in text and "--nats-tls-first" in text
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_one_nats_options_value_serves_the_sink_the_reader_and_create_stream(
     either_server: tuple[NatsServer, Path, int],
 ) -> None:

@@ -47,9 +47,17 @@ from aperf.fleet._signing import SIGNATURE_HEADER, public_line, sign
 from aperf.fleet._wire import HEADER, MAGIC, MAX_EVENTS, SAMPLES, Framer, parse, subject_token
 from aperf.fleet.testing import NatsServer
 
+from ..helpers import asyncio_only
 from .test_fleet import SEQ_TS, Fleet, forged, read_fleet, running_server, seq_sample
 
-ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])  # memory tests: slow under tracemalloc
+ONE_LOOP = pytest.mark.anyio  # asyncio alone (anyio_backend below): slow under tracemalloc
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """asyncio alone for the ONE_LOOP tests (the others say asyncio_only: both of
+    asyncio's loops, as nats-py needs)."""
+    return ("asyncio", {})
 
 
 @pytest.fixture
@@ -263,7 +271,8 @@ def test_the_runs_and_ranges_a_reader_keeps_are_bounded_without_a_server() -> No
 # --- trust ---------------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_nothing_of_a_refused_message_is_applied(nats_server: NatsServer) -> None:
     """A refused message's Aperf-Boot-Offset-Ns set the host's clock offset (every
     event time of that host moved); its run was created too. Now neither."""
@@ -295,7 +304,8 @@ async def test_nothing_of_a_refused_message_is_applied(nats_server: NatsServer) 
     assert offset == int(genuine_offset)  # -999999999999 before
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_restarted_reader_without_keys_drops_no_genuine_message(
     nats_server: NatsServer,
 ) -> None:
@@ -328,7 +338,8 @@ async def test_a_restarted_reader_without_keys_drops_no_genuine_message(
     assert "one of the two is forged" in again.notices[0][2].reason
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_with_host_keys_only_messages_signed_by_their_host_are_taken(
     nats_server: NatsServer, tmp_path: Path,
 ) -> None:
@@ -410,7 +421,8 @@ async def test_with_host_keys_only_messages_signed_by_their_host_are_taken(
     assert info.value.argument == "host_keys"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_message_below_where_the_reader_came_in_is_handed_out_once(
     nats_server: NatsServer,
 ) -> None:
@@ -438,7 +450,8 @@ async def test_a_message_below_where_the_reader_came_in_is_handed_out_once(
 # --- subjects ------------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_two_host_names_never_share_a_subject(nats_server: NatsServer) -> None:
     """Every character outside [A-Za-z0-9_-] became "_": hosts web.1 and web_1 shared
     aperf.web_1.*, so either could publish as the other. Now each name has a subject
@@ -468,7 +481,8 @@ async def test_two_host_names_never_share_a_subject(nats_server: NatsServer) -> 
 # --- lost counts ---------------------------------------------------------------------------
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_what_a_host_claims_about_its_losses_fits_and_adds_up(
     nats_server: NatsServer,
 ) -> None:

@@ -30,6 +30,7 @@ N = 3000  # into a one-page ring, unread: about 100 fit, the rest are dropped
 # far below the kernel's half-ring wakeup: they wait in the ring.
 K = 5
 M = 50  # fits in the new one-page ring
+PRIME_SIZE = 2036  # a perf record of 2048 bytes: 8 of header, 4 of size, the sample
 # No wakeup, and no timer within a test: only the hotplug reads CPU 1 unasked.
 NEVER = aperf.Wakeup(events=10**6, max_latency=3600.0)
 
@@ -86,15 +87,23 @@ async def test_stream_drains_a_cpu_gone_offline_and_reads_it_when_back(
 ) -> None:
     events: list[object] = []
     async with aperf.PerfStream(producer.map, pages=1, wakeup=NEVER) as stream:
-        await anyio.sleep(0.05)  # the look at the rings once the loop armed them is over
+        # The stream looks at CPU 1's ring once the loop armed its fd, when the loop gets
+        # to it. With no wakeup and no tick to come, that look alone finds this sample:
+        # once it is taken, the look is over. Its record is 2048 bytes, the kernel's
+        # wakeup watermark (half the one-page ring): every later record then sits where
+        # it would without it, relative to the watermark, and wakes the reader as then.
+        producer.emit(1, size=PRIME_SIZE, cpu=1)
+        with anyio.fail_after(10):
+            while stream.statistics().cpus[1].samples < 1:
+                await anyio.sleep(0.02)
         producer.emit(N, cpu=1)  # nothing reads meanwhile: the loop is blocked here
         dropped = producer.counters().failed
         assert dropped > 0
         with anyio.fail_after(10):
-            while stream.statistics().cpus[1].samples < N - dropped:
+            while stream.statistics().cpus[1].samples < 1 + N - dropped:
                 await anyio.sleep(0.02)  # the full ring woke the loop: drained
         producer.emit(1, cpu=1)
-        total = N + 1
+        total = 1 + N + 1
         with anyio.fail_after(10):
             while stream.statistics().cpus[1].samples < total - dropped:
                 await anyio.sleep(0.02)  # woken for the lost record
@@ -193,8 +202,8 @@ def test_a_cpu_offline_at_open_gets_a_ring_and_its_lock_slot_when_it_comes_onlin
         # Slot 1 is this process's now: another process sees it locked by us.
         map_id = lb.object_id(producer.map.fd)[1]
         script = (
-            "import sys; from aperf._rings.map_lock import MapLock; "
-            "m = MapLock(int(sys.argv[1]), 'probe', [1]); m._open(); "
+            "import sys; from aperf._rings.map_lock import LockDir, MapLock; "
+            "m = MapLock(int(sys.argv[1]), 'probe', [1]); m._dir = LockDir(); m._open(); "
             "print([pid for pid, _ in m.holders()]); m.release()"
         )
         seen = subprocess.run([sys.executable, "-c", script, str(map_id)], check=True,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import aperf
-from aperf._drivers.lease import _Pin
+from aperf._rings.perf.lease_ring import _Pin
 from aperf.testing import Producer
 
 from ..helpers import BPF_DIR
@@ -388,7 +388,7 @@ def test_lease_needs_a_decoder_with_a_layout(producer: Producer) -> None:
 def test_fork_hook_copies_the_live_mappings_then_forgets_the_copies(producer: Producer) -> None:
     """Before a fork every live mapping is copied (for the child); the parent drops the
     copies after it (unit test of the hooks, on a leased buffer's two rings)."""
-    from aperf._native import shared_ring as _shared_ring
+    from aperf._native.libc import shared_ring as _shared_ring
 
     with aperf.PerfBuffer(producer.map, pages=1, decoder=decoder(32), cpus=[0, 1],
                           on_array=print) as pb, pb.lease(timeout_ms=0):

@@ -115,7 +115,7 @@ async def test_drops_after_a_take_are_announced_after_the_samples_written_before
         producer.emit(BURST, size=32, cpu=A, first_seq=0)
         reader = stream._reader
         assert reader is not None
-        reader.swap_ring(WritesAfterTake(
+        reader.rings.swap(WritesAfterTake(
             reader.rings[A], lambda: producer.emit(BURST, size=32, cpu=A, first_seq=BURST)))
         events = await collect(stream, producer)
         stats = stream.statistics()

@@ -192,6 +192,36 @@ def test_map_lookup_update_and_pin(tmp_path: Path) -> None:
         assert not os.path.exists(pin)
 
 
+def test_a_program_runs_through_test_run() -> None:
+    with Producer() as producer:
+        producer.emit(2, cpu=0)  # the run's settings, for CPU 0, stay in the config map
+        program = producer.object.programs["produce"]
+        assert program.test_run(cpu=0) == 0  # the same run again: two more outputs
+        assert (producer.counters().failed, producer.counters().runs) == (4, 2)
+        with pytest.raises(aperf.ArgumentError, match="cpu=-1"):
+            program.test_run(cpu=-1)
+        with pytest.raises(TypeError, match="cpu must be an int"):
+            program.test_run(cpu="0")  # type: ignore[arg-type]
+    with pytest.raises(aperf.ClosedResourceError):
+        program.test_run(cpu=0)
+
+
+def test_a_program_of_an_object_not_loaded_is_not_run() -> None:
+    with aperf.BPFObject(object_path("producer")) as obj, pytest.raises(
+        aperf.ObjectStateError, match="load the object"
+    ):
+        obj.programs["produce"].test_run(cpu=0)
+
+
+def test_a_closed_producer_emits_nothing() -> None:
+    # Its program's fd was closed with the object (the number may name another file by
+    # now): nothing may run it; emit() meets the closed config map, or the program.
+    producer = Producer()
+    producer.close()
+    with pytest.raises(aperf.ClosedResourceError):
+        producer.emit(1, cpu=0)
+
+
 def test_producer_rejects_bad_sizes() -> None:
     with Producer() as producer:
         for size in (0, 4097):

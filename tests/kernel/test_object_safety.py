@@ -74,6 +74,7 @@ ARGS: dict[str, tuple[object, ...]] = {  # how to call each public method
     "btf": (),
     "load": (),
     "attach": (),
+    "test_run": (),
     "close": (),
     "detach": (),
 }

@@ -70,17 +70,20 @@ def hammer(rounds: int, seed: int = 0) -> dict[str, int]:
         obj = aperf.BPFObject(MAPS)
         obj.load()
         globals_obj = aperf.BPFObject(BOOTSTRAP)
-        started = threading.Barrier(WORKERS + 1)
-        stop = threading.Event()
+        # Both sides of the race, whatever the machine's load: each worker makes a whole
+        # round of calls before the close may come, and one more after it has returned.
+        called = threading.Barrier(WORKERS + 1)
+        closed = threading.Event()
 
         def work(
             worker: int, obj: aperf.BPFObject = obj, globals_obj: aperf.BPFObject = globals_obj,
-            started: threading.Barrier = started, stop: threading.Event = stop,
+            called: threading.Barrier = called, closed: threading.Event = closed,
         ) -> None:
             ops = _operations(obj, globals_obj, worker)
             seen: Counter[str] = Counter()
-            started.wait()
-            while not stop.is_set():
+            first = True
+            while True:
+                last = closed.is_set()
                 for op in ops:
                     try:
                         op()
@@ -89,20 +92,24 @@ def hammer(rounds: int, seed: int = 0) -> dict[str, int]:
                         seen["closed"] += 1
                     except Exception as exc:  # anything else is the defect
                         seen[f"{op.__name__}: {type(exc).__name__}: {exc}"] += 1
+                if first:
+                    first = False
+                    called.wait()
+                if last:
+                    break
             with lock:
                 outcomes.update(seen)
 
         threads = [threading.Thread(target=work, args=(w,)) for w in range(WORKERS)]
         for t in threads:
             t.start()
-        started.wait()
-        time.sleep(rng.uniform(0.0, 0.02))
+        called.wait(60)  # a hang guard: a worker that died raises BrokenBarrierError
+        time.sleep(rng.uniform(0.0, 0.02))  # where the close falls among the calls
         obj.close()
         globals_obj.close()
         assert obj.closed and globals_obj.closed
         assert not obj._handle.ptr and not globals_obj._handle.ptr  # freed, not deferred
-        time.sleep(0.005)  # the workers keep calling the closed objects for a while
-        stop.set()
+        closed.set()
         for t in threads:
             t.join(10)
             assert not t.is_alive()

@@ -186,20 +186,19 @@ async def test_close_from_a_thread_after_the_loop_stopped_does_not_hang(
     producer: Producer,
 ) -> None:
     # An asyncio loop of its own, stopped with the stream open (trio: test_stream_drivers.py).
-    def run() -> tuple[bool, float]:
+    def run() -> bool:
         loop = asyncio.new_event_loop()
         stream = aperf.PerfStream(producer.map, pages=8)
         loop.run_until_complete(stream.open())
-        # The loop is stopped: close() from another thread must not wait for it.
-        started = time.monotonic()
+        # The loop is stopped: close() from another thread must not wait for it (that
+        # would take CLOSE_TIMEOUT, 10 s; the join is a hang guard below it, not a speed test).
         closer = threading.Thread(target=stream.close)
         closer.start()
         closer.join(5)
         loop.close()
-        return stream.closed and not closer.is_alive(), time.monotonic() - started
+        return stream.closed and not closer.is_alive()
 
-    closed, elapsed = await anyio.to_thread.run_sync(run)
-    assert closed and elapsed < 2
+    assert await anyio.to_thread.run_sync(run)
 
 
 # --- the architecture-neutral read path ----------------------------------------------------------

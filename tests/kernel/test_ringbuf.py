@@ -22,7 +22,7 @@ import pytest
 import aperf
 from aperf.testing import RB_FORCE_WAKEUP, RB_NO_WAKEUP, Producer
 
-from ..helpers import open_fds, require_kernel, run_until, take
+from ..helpers import open_fds, require_kernel, run_until, take, until
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 CPU = sorted(os.sched_getaffinity(0))[-1]
@@ -238,7 +238,8 @@ async def test_backpressure_and_close_while_paused_hand_over_everything(
     ringbuf.emit(1000, cpu=CPU)
     stream.flush()  # past the bound once
     ringbuf.emit(10, cpu=CPU)
-    await anyio.sleep(0.05)  # the timer finds the queue full: paused, records left
+    # Its wakeup, or the timer, finds the queue full: paused, records left in the ring.
+    await until(lambda: stream.statistics().paused)
     stats = stream.statistics()
     assert stats.paused and stats.samples == 1000
     await stream.aclose()  # takes what the ring holds, then unmaps it

@@ -114,14 +114,20 @@ def test_a_tight_take_and_sleep_loop_never_strands_a_record() -> None:
         (ring,) = source.open(RingConfig(None, Wakeup.per_sample()))
         done = threading.Event()
         sent = [0]
+        run = 2000
+        # Records the ring holds besides a whole run: a reader further behind than that
+        # (descheduled on a loaded machine) would make the run find no room.
+        room = source.ring_bytes // 24 - run
 
         def produce() -> None:
             os.sched_setaffinity(0, {producer_cpu})
             end = time.monotonic() + SECONDS
             while time.monotonic() < end:
-                pace.update(struct.pack("<I", 0), struct.pack("<QQQ", 2000, 5_000, sent[0]))
+                while sent[0] - got > room:  # wait for the reader: the run fits
+                    time.sleep(0.001)
+                pace.update(struct.pack("<I", 0), struct.pack("<QQQ", run, 5_000, sent[0]))
                 assert lb.test_run_on_cpu(prog, producer_cpu) == 0
-                sent[0] += 2000
+                sent[0] += run
             done.set()
 
         got = sleeps = delayed = stranded = 0
@@ -146,6 +152,7 @@ def test_a_tight_take_and_sleep_loop_never_strands_a_record() -> None:
         finally:
             os.sched_setaffinity(0, saved)
             source.free()
-    assert got == sent[0] > 0
+        no_room = struct.unpack("<Q", obj.maps["counters"].lookup(struct.pack("<I", 1)))[0]
+    assert no_room == 0 and got == sent[0] > 0
     assert stranded == 0, f"{stranded} stranded of {sleeps} sleeps ({delayed} late > 50 ms)"
     assert sleeps > 100  # the reader caught up and slept, over and over

@@ -22,7 +22,7 @@ import pytest
 import aperf
 from aperf.testing import Producer
 
-from ..helpers import open_fds, run_until, take
+from ..helpers import check_busy, hand_over_the_rest, open_fds, run_until, take, until
 
 pytestmark = [pytest.mark.usefixtures("kernel"), pytest.mark.anyio]
 BIG = 1024  # pages: 4 MiB per CPU, room for every sample of the no-loss tests
@@ -260,6 +260,50 @@ def test_sync_fallback_poll_consume_and_buffer(producer: Producer) -> None:
     assert_exact(producer, tally, n + 15)
 
 
+POLL_PENDING = 1000
+RING_RECORDS = 4096 // 48  # pages=1: 85 records of a 32-byte sample
+
+
+@pytest.mark.parametrize("call", ["poll", "consume"])
+def test_sync_poll_and_consume_return_under_a_producer_that_never_stops(
+    producer: Producer, call: str,
+) -> None:
+    # libbpf's perf_buffer__poll() hands over what the rings held when epoll reported
+    # them, and returns: `while running: pb.poll(100)` looks at `running` again. Here the
+    # producer writes faster than the callbacks take (each 50 events handed over make it
+    # write 100 more: no timing). Before the fix poll() and consume() went on draining
+    # the rings while they dispatched, and returned only once the producer stopped.
+    # Now a call hands over at most what the queue held when it began to hand out
+    # (at most max_pending, plus one ring's drain and its lost notices).
+    limit = 20_000  # what the producer writes in all
+    bound = POLL_PENDING + RING_RECORDS + 2  # and a drain's lost record and exact count
+    tally = Tally()
+    state = {"emitted": RING_RECORDS, "this_call": 0, "calls": 0}
+
+    def on_event(event: Any) -> None:
+        tally.add(event)
+        state["this_call"] += 1
+        if state["this_call"] > bound:
+            raise AssertionError(f"{call}() handed over {state['this_call']} events in one "
+                                 f"call, more than the queue and the ring hold ({bound})")
+        if tally.total % 50 == 0 and state["emitted"] < limit:
+            producer.emit(100, size=32, cpu=OTHER_CPU)
+            state["emitted"] += 100
+
+    with aperf.PerfBuffer(producer.map, pages=1, cpus=[OTHER_CPU], max_pending=POLL_PENDING,
+                          on_sample=on_event, on_lost=on_event) as pb:
+        producer.emit(RING_RECORDS, size=32, cpu=OTHER_CPU)
+        while state["emitted"] < limit:
+            state["this_call"] = 0
+            handled = pb.poll(100) if call == "poll" else pb.consume()
+            assert handled == state["this_call"] <= bound
+            state["calls"] += 1
+    # Every call returned, each with a share: the producer's 20,000 took many calls.
+    assert state["calls"] > 2
+    hand_over_the_rest(pb)  # what the close took out of the ring
+    assert_exact(producer, tally, state["emitted"])
+
+
 def test_sync_statistics_after_close_are_the_final_counts(producer: Producer) -> None:
     n = 3000
     tally = Tally()
@@ -280,14 +324,16 @@ def test_sync_statistics_after_close_are_the_final_counts(producer: Producer) ->
 
 def test_sync_poll_relaxes_when_idle(producer: Producer) -> None:
     got: list[aperf.Sample] = []
-    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2, idle_after=0.1)
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.02, idle_after=0.1)
+    opened = time.monotonic()
     with aperf.PerfBuffer(producer.map, pages=64, wakeup=wakeup, on_sample=got.append) as pb:
-        assert pb.statistics().drain_period == 0.002
-        assert pb.poll(timeout_ms=150) == 0
-        assert pb.statistics().drain_period == 0.2
+        check_busy(pb.statistics, opened, time.monotonic, wakeup)
+        assert pb.poll(timeout_ms=150) == 0  # 150 ms and more: past idle_after
+        assert pb.statistics().drain_period == 0.02
+        emitted = time.monotonic()
         producer.emit(1, cpu=OTHER_CPU)  # below the watermark: found by looking, not woken
-        assert pb.poll(timeout_ms=2000) == 1
-        assert pb.statistics().drain_period == 0.002
+        assert pb.poll(timeout_ms=10_000) == 1
+        check_busy(pb.statistics, emitted, time.monotonic, wakeup)
     assert [seq_of(s.data) for s in got] == [0]
 
 
@@ -391,23 +437,26 @@ async def test_close_while_paused_hands_over_everything_then_ends(producer: Prod
     stream.flush()
     assert stream.statistics().paused is False  # flush ignores the bound once
     producer.emit(10, cpu=OTHER_CPU)
-    await anyio.sleep(0.05)  # the timer finds the queue full: paused, data left in the ring
-    assert stream.statistics().paused
+    # Its wakeup, or the timer, finds the queue full: paused, data left in the ring.
+    await until(lambda: stream.statistics().paused)
     await stream.aclose()  # takes what the ring holds, frees the rings
     seqs = [seq_of(e.data) async for e in stream]
     assert seqs == list(range(1010))
 
 
 async def test_drain_timer_relaxes_when_idle_and_tightens_on_traffic(producer: Producer) -> None:
-    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.2, idle_after=0.1)
+    wakeup = aperf.Wakeup.watermark(1 << 20, max_latency=0.002, idle_latency=0.02, idle_after=0.1)
+    opened = anyio.current_time()
     async with aperf.PerfStream(producer.map, pages=64, wakeup=wakeup) as stream:
-        assert stream.statistics().drain_period == 0.002
-        await anyio.sleep(0.15)  # nothing produced: past idle_after
-        assert stream.statistics().drain_period == 0.2
+        check_busy(stream.statistics, opened, anyio.current_time, wakeup)
+        # Nothing produced: idle once idle_after passed.
+        await until(lambda: stream.statistics().drain_period == 0.02)
+        emitted = anyio.current_time()
         producer.emit(1, cpu=OTHER_CPU)  # below the watermark: only the timer finds it
-        (event,) = [e async for e in take(stream, 1)]
+        with anyio.fail_after(10):
+            (event,) = [e async for e in take(stream, 1)]
         assert seq_of(event.data) == 0
-        assert stream.statistics().drain_period == 0.002
+        check_busy(stream.statistics, emitted, anyio.current_time, wakeup)
     async with aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream:
         assert stream.statistics().drain_period is None  # per-sample wakeups need no timer
 
@@ -418,7 +467,8 @@ async def test_backpressure_is_not_mistaken_for_idleness(producer: Producer) -> 
         producer.map, pages=64, wakeup=wakeup, max_pending=10
     ) as stream:
         producer.emit(100, cpu=OTHER_CPU)
-        await anyio.sleep(0.15)  # nobody reads: paused, the timer finds nothing it may take
+        await until(lambda: stream.statistics().paused)  # nobody reads: the bound is reached
+        await anyio.sleep(0.15)  # past idle_after: the timer finds nothing it may take
         stats = stream.statistics()
         assert stats.paused and stats.drain_period == 0.002
         assert [seq_of(e.data) async for e in take(stream, 100)] == list(range(100))
@@ -477,7 +527,7 @@ async def test_two_consumers_get_a_busy_error(producer: Producer) -> None:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consume)
-                await anyio.sleep(0.05)
+                await anyio.wait_all_tasks_blocked()  # it reads: parked, waiting for events
                 with pytest.raises(aperf.BusyResourceError, match="already reading") as caught:
                     await consume()
                 assert isinstance(caught.value, anyio.BusyResourceError)
@@ -614,6 +664,9 @@ def test_statistics_report_memory(producer: Producer) -> None:
         assert len(stats.cpus) == len(CPUS)
 
 
+STUCK_AFTER = 10.0  # seconds a pair of samples may take to arrive before it counts as stuck
+
+
 async def test_no_wakeup_is_lost_while_the_rings_are_read(producer: Producer) -> None:
     # Per-sample wakeups and no drain timer: only wakeups find samples. The second
     # sample of each pair lands at a random moment of the first one's handling; on
@@ -631,22 +684,32 @@ async def test_no_wakeup_is_lost_while_the_rings_are_read(producer: Producer) ->
             while time.perf_counter() < until:
                 pass
             producer.emit(1, cpu=OTHER_CPU)
-            if not caught_up.acquire(timeout=3):
+            # Without its wakeup a sample waits for ever (no timer): any bound tells; a
+            # generous one, so that a loaded machine's late consumer is not taken for it.
+            if not caught_up.acquire(timeout=STUCK_AFTER):
                 stuck.append(index)
                 return
 
     got = 0
-    async with aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream:
-        thread = threading.Thread(target=produce)
-        thread.start()
-        try:
-            with anyio.move_on_after(20):
-                async for _ in stream:
-                    got += 1
-                    if got % 2 == 0:
-                        caught_up.release()
-                    if got == 2 * rounds:
-                        break
-        finally:
-            await join(thread)
-    assert not stuck and got == 2 * rounds, f"a sample waited 3 s for a wakeup in round {stuck}"
+
+    async def consume() -> None:
+        nonlocal got
+        async for _ in stream:
+            got += 1
+            if got % 2 == 0:
+                caught_up.release()
+            if got == 2 * rounds:
+                return
+
+    # However long the rounds take: the producer returns after the last one, or at the
+    # first stuck one, which ends the consumer.
+    async with (
+        aperf.PerfStream(producer.map, pages=8, wakeup="lowest-latency") as stream,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(consume)
+        await anyio.to_thread.run_sync(produce)
+        if stuck:
+            tg.cancel_scope.cancel()
+    assert not stuck and got == 2 * rounds, (
+        f"a sample waited {STUCK_AFTER} s for a wakeup in round {stuck}")

@@ -17,7 +17,7 @@ import pytest
 
 from examples.syscall_latency import BUCKETS, DEFAULT_OBJECT, SyscallStats, watch
 
-from ..helpers import REPO
+from ..helpers import REPO, asyncio_only
 
 NR_GETPID, NR_CLOCK_NANOSLEEP = 39, 230  # x86-64
 GETPIDS, SLEEPS = 3000, 40  # 2 ms each: at least 2**21 ns... minus 97 us, so bucket >= 21
@@ -51,7 +51,8 @@ def go(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout.readline().strip() == "done"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 @pytest.mark.usefixtures("tracefs")
 async def test_counts_and_latency_buckets_of_a_known_workload() -> None:
     assert DEFAULT_OBJECT.exists(), "make -C bpf"

@@ -687,6 +687,34 @@ def test_reconnect_gets_what_it_missed_or_a_notice(roomy_service: Service) -> No
         assert "Last-Event-ID" in response.json()["error"]
 
 
+def test_history_gives_a_new_client_the_last_events_then_ready(roomy_service: Service) -> None:
+    service = roomy_service
+    spawn_burst(10)  # 22 events at least
+    wait_published(service, 20)
+    newest = published(service)
+    # A page asks for the last events; `ready` (no id) says it has everything up to where
+    # it came, and counts it among the clients.
+    with httpx.Client(base_url=service.base, timeout=TIMEOUT) as http, \
+            http.stream("GET", "/events?history=20") as response:
+        assert response.status_code == 200
+        messages: list[Message] = []
+        for message in parse_sse(lines_until_timeout(response)):
+            messages.append(message)
+            if message.event == "ready":
+                break
+    *history, ready = messages
+    assert ready.id is None and ready.json() == {"clients": 1}
+    seqs = [event_seq(m) for m in history]
+    assert len(seqs) == 20 and seqs == list(range(seqs[0], seqs[0] + 20))
+    assert seqs[-1] >= newest  # up to the newest event when it came
+    assert all(m.event in ("message", "lost") for m in history)
+    for bad in ("-1", "x", "", "1e3", "٣", "9" * 5000, "0x10"):
+        response = service.http.get("/events", params={"history": bad})
+        assert response.status_code == 400, bad
+        assert "history=" in response.json()["error"]
+        assert len(response.text) < 200
+
+
 def test_events_carry_the_kernel_time(service: Service) -> None:
     fast = FastClient(service.base)
     try:

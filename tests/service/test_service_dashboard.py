@@ -2,22 +2,28 @@
 
 Every metric a query of the dashboard names must be one the running service exports: the
 test scrapes the real service's /metrics and reads the metric names out of every PromQL
-expression of the dashboard (panel targets and template variables).
+expression of the dashboard (panel targets and template variables). The picture of it in
+docs/service.md is drawn again from its recording (examples/service/dashboard_picture.py).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from examples.service import dashboard_picture
+
 from .test_service import REPO, Service
 
 DASHBOARD = REPO / "examples" / "service" / "grafana-dashboard.json"
+PICTURE = REPO / "docs" / "service-dashboard.png"
+RECORDING = REPO / "examples" / "service" / "dashboard-run.json"
 
 # PromQL words that are not metric names (operators, modifiers, grouping).
 KEYWORDS = {"and", "or", "unless", "offset", "bool", "by", "without", "on", "ignoring",
@@ -127,3 +133,30 @@ def test_dashboard_queries_only_metrics_the_service_exports(
         queried |= names
     # And the dashboard shows every metric of the service's own.
     assert {n for n in exported if n.startswith("aperf_")} <= queried
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def test_the_dashboard_picture_is_drawn_from_answers_to_every_query(tmp_path: Path) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    recording = json.loads(RECORDING.read_text())
+    # Prometheus answered every query of the dashboard as it is now, with data: a panel
+    # added or a query changed since the recording fails here until it is made again.
+    panel_queries = [expr for where, expr in queries(dashboard) if where.startswith("panel")]
+    assert set(recording["results"]) == set(panel_queries)
+    empty = [expr for expr in panel_queries if not recording["results"][expr]]
+    assert not empty, f"no series in the recording for {empty}"
+    assert recording["prometheus"].startswith("prometheus, version ")
+    # The script still draws it, at the size of the picture in the docs.
+    drawn = tmp_path / "dashboard.png"
+    assert dashboard_picture.main(["draw", str(RECORDING), str(drawn)]) == 0
+    assert png_size(drawn) == png_size(PICTURE)
+    # The page shows it and says what it is.
+    page = (REPO / "docs" / "service.md").read_text()
+    assert "](service-dashboard.png)" in page
+    assert "not a Grafana screenshot" in page

@@ -13,6 +13,7 @@ import pytest
 
 from examples.service.hub import BadEventIdError, Hub, Message
 
+from ..helpers import asyncio_only
 from .test_service import Message as SSEMessage
 from .test_service import parse_sse
 
@@ -52,7 +53,8 @@ async def connected(hub: Hub, last_event_id: str | None = None) -> AsyncIterator
     return chunks
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_new_client_gets_what_is_published_after_it_came() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 3)
@@ -67,7 +69,8 @@ async def test_a_new_client_gets_what_is_published_after_it_came() -> None:
     assert (lost.event, lost.id, lost.json()) == ("lost", f"{RUN}-6", {"cpu": 1, "count": 9})
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_reconnect_in_the_window_replays_exactly_what_was_missed() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 6)
@@ -79,7 +82,8 @@ async def test_reconnect_in_the_window_replays_exactly_what_was_missed() -> None
     assert seqs(await take(chunks, 1)) == [7]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_reconnect_behind_the_window_gets_a_notice_of_how_many() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 20)  # 13 to 20 are kept
@@ -91,7 +95,8 @@ async def test_reconnect_behind_the_window_gets_a_notice_of_how_many() -> None:
     assert hub.missed["reconnect"] == 9
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_slow_client_skips_ahead_and_is_told() -> None:
     hub = Hub(8, run=RUN)
     chunks = await connected(hub)
@@ -106,7 +111,8 @@ async def test_a_slow_client_skips_ahead_and_is_told() -> None:
     assert hub.max_lag() == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_ids_of_another_run_or_never_handed_out() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 5)
@@ -123,7 +129,8 @@ async def test_ids_of_another_run_or_never_handed_out() -> None:
         Hub(1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_close_ends_every_stream_after_what_is_left() -> None:
     hub = Hub(8, run=RUN)
     chunks = await connected(hub)
@@ -138,3 +145,48 @@ async def test_close_ends_every_stream_after_what_is_left() -> None:
     publish(hub, 1)  # after close: not published, but counted
     assert hub.published == 2 and not hub.cursors
     assert hub.unpublished == 1
+
+
+async def with_history(hub: Hub, history: int, last_event_id: str | None = None
+                       ) -> AsyncIterator[bytes]:
+    chunks = hub.subscribe(last_event_id, "test", history).chunks()
+    greeting = await anext(chunks)
+    assert greeting == b": connected\nretry: 2000\n\n"
+    return chunks
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_history_then_ready_exactly_where_the_client_came() -> None:
+    hub = Hub(8, run=RUN)
+    publish(hub, 5)
+    chunks = await with_history(hub, 3)
+    publish(hub, 2)  # after it came, before it read: after `ready`
+    *history, ready = await take(chunks, 4)
+    assert seqs(history) == [3, 4, 5]
+    assert (ready.event, ready.id, ready.json()) == ("ready", None, {"clients": 1})
+    assert seqs(await take(chunks, 2)) == [6, 7]
+    assert hub.replayed == 0  # nothing sent again to a reconnecting client
+
+    # More than the window holds: the window. None: `ready` at once.
+    publish(hub, 20)
+    *history, ready = await take(await with_history(hub, 100), 9)
+    assert seqs(history) == list(range(20, 28)) and ready.event == "ready"
+    (ready,) = await take(await with_history(hub, 0), 1)
+    assert ready.json() == {"clients": 3}  # the three clients, this one among them
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_history_longer_than_a_write_and_a_reconnect_with_it() -> None:
+    hub = Hub(1024, run=RUN)
+    publish(hub, 600)
+    chunks = await with_history(hub, 500)
+    *history, ready = await take(chunks, 501)
+    assert seqs(history) == list(range(101, 601)) and ready.event == "ready"
+    # The browser reconnects with the same URL and its Last-Event-ID: what it missed, then
+    # `ready` again.
+    publish(hub, 3)
+    *missed, ready = await take(await with_history(hub, 500, f"{RUN}-600"), 4)
+    assert seqs(missed) == [601, 602, 603] and ready.json() == {"clients": 2}
+    assert hub.replayed == 3

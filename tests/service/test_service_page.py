@@ -36,12 +36,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 from examples.service.access import COOKIE
 
 from ..helpers import REQUIRE_BPF
-from .test_service import TIMEOUT, FastClient, Message, Service
+from .test_service import TIMEOUT, FastClient, Message, Service, event_seq
 from .test_service_access import as_nobody, next_line
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; never a downloaded browser
 CHROMEDRIVER = "/usr/bin/chromedriver"  # Debian's chromium-driver, the same version
 PROBE = "aperf-page-test"  # a copy of sh under this name: its comm and file name are ours
+MAX_ROWS = 500  # rows the page keeps (MAX_ROWS in page.js)
 
 pytestmark = pytest.mark.kernel
 
@@ -110,6 +111,15 @@ def page_service(tmp_path: Path) -> Service:
                   token=secrets.token_urlsafe(24))
     svc.wait_ready()
     return svc
+
+
+def make_probe(tmp_path: Path) -> Path:
+    """A copy of ``sh`` named PROBE: its rows are the test's own."""
+    sh = shutil.which("sh")
+    assert sh
+    probe = tmp_path / PROBE
+    shutil.copy(sh, probe)
+    return probe
 
 
 def lose_events(svc: Service) -> None:
@@ -194,10 +204,7 @@ def wait_lost_total_shown(driver: webdriver.Chrome, svc: Service) -> None:
 def test_live_page_shows_events_and_lost_counters(
     tracefs: None, tmp_path: Path, browser: webdriver.Chrome
 ) -> None:
-    sh = shutil.which("sh")
-    assert sh
-    probe = tmp_path / PROBE
-    shutil.copy(sh, probe)
+    probe = make_probe(tmp_path)
     svc = page_service(tmp_path)
     reference = None
     try:
@@ -440,4 +447,94 @@ def test_a_cookie_another_users_server_collects_is_no_token_and_soon_worthless(
     finally:
         thief.kill()
         thief.communicate()
+        svc.close()
+
+
+# Installed before the page's own script runs (CDP's addScriptToEvaluateOnNewDocument):
+# every state of the page that could be painted, from the first node the parser inserts.
+# A MutationObserver's callback runs after every task that changed the DOM, before the
+# browser can paint, so no state goes unseen. Rows of the probe are kept as they come.
+RECORD_FIRST_STATES = """
+window.pageStates = [];
+window.probeRows = [];
+const probeName = %s;
+const text = (id) => {
+  const element = document.getElementById(id);
+  return element && !element.hidden ? element.textContent : null;
+};
+const record = (mutations) => {
+  for (const mutation of mutations || []) {
+    for (const row of mutation.addedNodes) {
+      if (row.cells && row.cells.length > 2 && row.cells[2].textContent === probeName) {
+        window.probeRows.push({ pid: Number(row.dataset.pid), event: row.dataset.event });
+      }
+    }
+  }
+  const body = document.getElementById("events");
+  const state = {
+    status: text("status"), clients: text("clients"), events: text("count-events"),
+    rows: body ? body.rows.length : null, table_says: text("table-state"),
+  };
+  const last = window.pageStates.at(-1);
+  if (!last || JSON.stringify(last) !== JSON.stringify(state)) window.pageStates.push(state);
+};
+new MutationObserver(record).observe(document, {
+  childList: true, subtree: true, characterData: true, attributes: true,
+});
+record();
+"""
+
+
+def test_first_paint_shows_the_replay_and_counts_the_page_itself(
+    tracefs: None, tmp_path: Path, browser: webdriver.Chrome
+) -> None:
+    probe = make_probe(tmp_path)
+    svc = page_service(tmp_path)
+    try:
+        # Events in the replay window before the page opens: the probe's exec and exit,
+        # whose sequence numbers a reader of the stream sees.
+        reference = FastClient(svc.base, headers={"Authorization": f"Bearer {svc.token}"})
+        try:
+            proc = subprocess.Popen([str(probe), "-c", "exit 7"])
+            assert proc.wait(timeout=TIMEOUT) == 7
+            messages = reference.read_until(lambda m: m.event == "message" and m.json()[
+                "pid"] == proc.pid and m.json()["event"] == "EXIT")
+        finally:
+            reference.close()
+        probe_exec = next(m for m in messages if m.event == "message"
+                          and m.json()["pid"] == proc.pid and m.json()["event"] == "EXEC")
+        # The page will be the only event stream: the reader has gone.
+        wait_for(browser, "no event stream left", lambda: svc.http.get(
+            "/health").json()["clients"] == 0)
+
+        browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                {"source": RECORD_FIRST_STATES % json.dumps(PROBE)})
+        open_page(browser, svc)
+        newest_then = svc.http.get("/health").json()["published"]
+        wait_for(browser, "the service's counters", lambda: text(browser, "samples").isdigit())
+        states = browser.execute_script("return window.pageStates;")
+        assert states and states[0]["status"] is None  # recorded from before the header
+
+        # Never "clients 0" while the page is connected (it is itself a client), and a
+        # number once it is live; before that, no number at all.
+        shown = [s for s in states if s["clients"] is not None]
+        assert shown and all(s["clients"] != "0" for s in shown), states
+        live = [s for s in states if s["status"] == "live"]
+        assert live and all(s["clients"].isdigit() and int(s["clients"]) >= 1
+                            for s in live), states
+        # Never an empty table that does not say it is still connecting: the replay
+        # holds events (the probe's at least).
+        for state in states:
+            if state["rows"] == 0:
+                assert state["table_says"] is not None and \
+                    state["table_says"].startswith("connecting"), (state, states)
+        # The page's first live state shows the recent events (from the replay), among
+        # them the probe's when fewer than a table's worth came after it.
+        assert live[0]["rows"] > 0, states
+        if newest_then - event_seq(probe_exec) < MAX_ROWS:
+            rows = {(r["pid"], r["event"]) for r in
+                    browser.execute_script("return window.probeRows;")}
+            assert {(proc.pid, "EXEC"), (proc.pid, "EXIT")} <= rows, rows
+    finally:
+        browser.save_screenshot(str(tmp_path / "service-page.png"))
         svc.close()

@@ -10,21 +10,17 @@ import pytest
 
 from examples.service.access import KEPT_IDS, Sessions
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..helpers import FakeClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
 
 
-def test_an_id_is_replaced_after_rotate_and_the_old_one_kept_for_the_grace(clock: Clock) -> None:
+def test_an_id_is_replaced_after_rotate_and_the_old_one_kept_for_the_grace(
+    clock: FakeClock,
+) -> None:
     sessions = Sessions(60, grace=5, clock=clock)
     first = sessions.open()
     assert len(first) >= 40
@@ -39,7 +35,7 @@ def test_an_id_is_replaced_after_rotate_and_the_old_one_kept_for_the_grace(clock
     assert len(sessions) == 1
 
 
-def test_a_replaced_id_used_after_the_grace_ends_the_session_for_both(clock: Clock) -> None:
+def test_a_replaced_id_used_after_the_grace_ends_the_session_for_both(clock: FakeClock) -> None:
     sessions = Sessions(60, grace=5, clock=clock)
     copied = sessions.open()
     clock.now += 60
@@ -51,7 +47,7 @@ def test_a_replaced_id_used_after_the_grace_ends_the_session_for_both(clock: Clo
     assert len(sessions) == 0 and sessions.ended["replayed"] == 1
 
 
-def test_the_thief_moving_on_first_ends_the_session_too(clock: Clock) -> None:
+def test_the_thief_moving_on_first_ends_the_session_too(clock: FakeClock) -> None:
     sessions = Sessions(60, grace=5, clock=clock)
     page = sessions.open()
     clock.now += 61
@@ -66,7 +62,7 @@ def test_the_thief_moving_on_first_ends_the_session_too(clock: Clock) -> None:
     assert sessions.check(thief) == (False, None)
 
 
-def test_an_id_unused_for_twice_rotate_is_dead(clock: Clock) -> None:
+def test_an_id_unused_for_twice_rotate_is_dead(clock: FakeClock) -> None:
     sessions = Sessions(60, clock=clock)
     idle = sessions.open()
     clock.now += 119.9
@@ -77,7 +73,7 @@ def test_an_id_unused_for_twice_rotate_is_dead(clock: Clock) -> None:
     assert sessions.ended["expired"] == 1
 
 
-def test_a_session_ends_at_max_age_whatever_its_use(clock: Clock) -> None:
+def test_a_session_ends_at_max_age_whatever_its_use(clock: FakeClock) -> None:
     sessions = Sessions(60, max_age=600, clock=clock)
     current = sessions.open()
     while clock.now + 59 < 1000 + 600:
@@ -89,7 +85,7 @@ def test_a_session_ends_at_max_age_whatever_its_use(clock: Clock) -> None:
     assert sessions.check(current) == (False, None)
 
 
-def test_sessions_and_ids_are_bounded(clock: Clock) -> None:
+def test_sessions_and_ids_are_bounded(clock: FakeClock) -> None:
     sessions = Sessions(60, max_sessions=3, clock=clock)
     ids = [sessions.open() for _ in range(4)]
     assert len(sessions) == 3 and sessions.ended["dropped"] == 1
@@ -109,7 +105,7 @@ def test_sessions_and_ids_are_bounded(clock: Clock) -> None:
     assert len(sessions) == 1
 
 
-def test_unknown_and_empty_ids_are_refused(clock: Clock) -> None:
+def test_unknown_and_empty_ids_are_refused(clock: FakeClock) -> None:
     sessions = Sessions(60, clock=clock)
     sessions.open()
     for given in (None, "", "x" * 43):

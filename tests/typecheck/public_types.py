@@ -8,6 +8,7 @@ from typing import Any
 from typing_extensions import assert_type
 
 import aperf
+import aperf.abc
 from aperf.testing import FakeRingSource
 
 
@@ -131,3 +132,23 @@ async def recordings(path: str) -> None:
     assert_type(recording.boot_offset_ns, int | None)
     builder = aperf.ArrowBuilder(struct.Struct("<QQ"), max_rows=100)
     assert_type(len(builder), int)
+
+
+def objects(path: str) -> None:
+    with aperf.BPFObject(path) as obj:
+        obj.load()
+        assert_type(obj.programs["produce"].test_run(cpu=0), int)
+        assert_type(obj.programs["produce"].test_run(), int)
+
+
+def abilities(source: aperf.abc.RingSource) -> None:
+    # What a source may add narrows under isinstance, as trio.abc's sub-protocols do.
+    if isinstance(source, aperf.abc.PausableSource):
+        assert_type(source.pause(), None)
+    if isinstance(source, aperf.abc.HotplugSource):
+        gone, new = source.cpus_changed()
+        assert_type(gone, list[int])
+        assert_type(new[0].key, int)
+        assert_type(list(source.notices), list[int])
+    if isinstance(source, aperf.abc.MapSource):
+        source.take_over = True

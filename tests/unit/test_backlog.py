@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 import aperf
-from aperf._reading.reader import Reader
-from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
+
+from ..helpers import fake_reader
 
 PAYLOAD = bytes(36)  # 8 + 4 + 36: a 48-byte record; 85 fit in 4096 bytes
 TICKING = aperf.Wakeup.watermark(1 << 20, max_latency=0.002)
@@ -67,8 +67,7 @@ def test_drops_on_every_ring_are_queue_drops_while_the_reader_is_paused(exact: b
     # CPU 1 (drained in a later millisecond than the open): CPU 1's drops were ring drops.
     src = FakeRingSource(cpus=[0, 1], ring_bytes=4096, exact_lost=exact)
     wakeup = aperf.Wakeup.per_sample()
-    reader = Reader(src, src.open(RingConfig(None, wakeup)), wakeup=wakeup, clock=lambda: 0.0,
-                    max_pending=10)
+    reader, _ = fake_reader(src, wakeup, max_pending=10)
     ready = {cpu: src._rings[cpu].handle for cpu in (0, 1)}
     for _ in range(10):
         assert src.write(0, PAYLOAD)

@@ -18,15 +18,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aperf
-from aperf._reading.columnar import numpy_run_end
-from aperf._rings.perf.format import split_span
+from aperf._rings.perf.format import split_span, uniform_run_end
+from aperf._rings.perf.runs import RunFinder
 from aperf._rings.seam import payloads_of
 from aperf.testing import FakeRingSource, encode_lost, encode_sample
 
-from ..helpers import take
+from ..helpers import take, until
 
 QQ = struct.Struct("<QQ")
 DECODER = aperf.decoders.from_struct("<QQ", names="seq cpu")
+
+
+def numpy_run_end(span: bytes, pos: int, size: int, end: int) -> int:
+    """One check of the columnar run finder."""
+    return RunFinder(uniform_run_end)(span, pos, size, end)
 
 
 def write(src: FakeRingSource, cpu: int, first: int, count: int, extra: int = 0) -> int:
@@ -172,7 +177,8 @@ async def test_backpressure_counts_rows_and_loses_nothing_that_fitted() -> None:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=4096)
     async with aperf.PerfStream(src, decoder=DECODER, max_pending=100) as stream:
         written = [write(src, cpu, 0, 128) for cpu in (0, 1)]
-        await anyio.sleep(0.05)  # the readiness callbacks: one ring fills the queue
+        # The readiness callbacks: one ring fills the queue, the other is refused.
+        await until(lambda: stream.statistics().paused)
         stats = stream.statistics()
         assert stats.paused and stats.pending == 128
         assert sorted(src.pending_bytes(cpu) for cpu in (0, 1)) == [0, 128 * 32]

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "aperf"
 FLOORS = {
     "_errors": 0, "_privileges": 0, "_log": 0, "_naming": 0, "_events": 0, "_options": 0,
     "_boottime": 0,
-    "_native": 1,  # the only ctypes: libbpf, ebpfapi.dll, libc's mmap
+    "_native": 1,  # the only ctypes: libbpf, ebpfapi.dll, libc
     "_waiting": 2,  # how drivers wait; knows no ring (the seam takes its HandleKind)
     "_decoding": 3, "_arrow": 3,  # Arrow from the decoders' layouts (_arrow on _decoding)
     "_bpf": 4,  # BPF objects and BTF (BTF compiles decoders)
@@ -35,8 +35,11 @@ ENTRY_POINTS = {"__main__", "fleet.__main__"}
 
 # Floors inside packages (their modules and subpackages), bottom up, by the same rule.
 INSIDE = {
-    "_native": {"prototypes": 0, "shared_ring": 0, "libbpf": 1, "ebpfapi": 1},
-    "_native.libbpf": {"binding": 0, "api": 1, "__init__": 2},
+    "_native": {"prototypes": 0, "libc": 0, "libbpf": 1, "ebpfapi": 1},
+    "_native.libc": {"functions": 0, "shared_ring": 0, "timerfd": 1},
+    # libbpf cut by noun, as libbpf-rs cuts it; __init__ re-exports them all.
+    "_native.libbpf": {"binding": 0, "log": 1, "object": 1, "query": 1, "program": 1,
+                       "map": 2, "pin": 2, "btf": 2, "perf_buffer": 2, "__init__": 3},
     "_native.ebpfapi": {"binding": 0, "api": 1},
     # The protocols are vocabulary the seam uses; the loops' bindings sit above them, and
     # __init__ (which chooses one) on top.
@@ -49,13 +52,17 @@ INSIDE = {
     # The seam (the protocols and the segment types every format hands the reader) sits
     # under the formats and sources that implement it; Windows' ring buffer reads with
     # the ring buffer format.
-    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "perf": 2, "ringbuf": 2,
+    "_rings": {"seam": 0, "map_lock": 0, "map_spec": 1, "multi": 1, "perf": 2, "ringbuf": 2,
                "windows": 3},
-    "_rings.perf": {"format": 0, "backward": 0, "hotplug": 0, "source": 1, "fake": 2},
+    "_rings.perf": {"format": 0, "runs": 0, "backward": 0, "hotplug": 0, "source": 1,
+                    "fake": 2, "lease_ring": 2},
     "_rings.ringbuf": {"format": 0, "mapping": 1, "source": 2, "user_format": 1, "array": 2},
-    "_rings.windows": {"perf": 0, "ringbuf": 1},
-    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "order": 1,
-                 "columnar": 2, "multi": 2, "reader": 3, "snapshot": 4},
+    "_rings.windows": {"base": 0, "perf": 1, "ringbuf": 2},
+    # The reader's rooms below it: the ring set, the drain clock, the loss ledger, the
+    # builder and callbacks; statistics, gathered wakeups and ordering on those.
+    "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "rings": 0,
+                 "order": 1, "stats": 1, "gather": 1, "columnar": 2, "multi": 2,
+                 "ordering": 2, "lease": 1, "reader": 3, "snapshot": 4},
     "_drivers": {"items": 0, "setup": 0, "lifetime": 0, "signals": 0, "lease": 1,
                  "user_ringbuf": 1, "stream": 2, "sync": 3},
     # The fleet's sans-I/O rooms (the wire format, the window, the holes, the intake) sit
@@ -64,30 +71,24 @@ INSIDE = {
               "_wire": 1, "_signing": 1, "_connect": 1, "_gaps": 2, "_window": 2,
               "_intake": 3, "_sink": 4, "_reader": 4, "__init__": 5, "__main__": 6},
     "_tools": {"nats_options": 0, "doctor": 0, "trace": 1, "record": 2},
-    "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "shards": 1, "cli": 2},
+    # The tracer's loop (session) serves both the command (cli) and its shards.
+    "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "session": 1, "shards": 2,
+                     "cli": 3},
 }
 
-# Known exceptions, each an import (module -> module) that breaks a rule above today and
-# is to go. test_the_known_exceptions_are_still_there fails once one is gone: then
-# delete it here.
-KNOWN = {
-    # Issue 30: the tracer's shards import back from cli (StopSignals, Printer,
-    # tracer_object, show_all, order_by) while cli imports shards: a cycle. Breaking it
-    # moves those functions into a module of their own (a later phase of issue 30).
-    ("_tools.trace.shards", "_tools.trace.cli"),
-}
-
-# Who may import each binding of _native: __init__ re-exports (libbpf_version);
-# testing's Producer runs a program; the asyncio binding takes libc's timerfd from
-# libbpf's binding; the doctor creates a tiny map of each type to probe the kernel.
-# eBPF for Windows' binding serves its sources and waits only, and the second mapping
-# of perf rings serves leases.
+# Who may import each binding of _native: __init__ re-exports (libbpf_version); the
+# doctor creates a tiny map of each type to probe the kernel. eBPF
+# for Windows' binding serves its sources and waits only. libc's pieces each serve one
+# user: the asyncio binding's timer, the perf source's RCU grace period, and the second
+# mapping of perf rings, the leased ring.
 NATIVE_USERS = {
     "_native.libbpf": {"_bpf.object", "_bpf.btf", "_rings.map_spec", "_rings.perf.source",
-                       "testing", "__init__", "_waiting.asyncio", "_tools.doctor"},
-    "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.perf",
-                        "_rings.windows.ringbuf"},
-    "_native.shared_ring": {"_drivers.lease"},
+                       "__init__", "_tools.doctor"},
+    "_native.ebpfapi": {"_waiting.win32", "_waiting.trio_win32", "_rings.windows.base",
+                        "_rings.windows.perf", "_rings.windows.ringbuf"},
+    "_native.libc.timerfd": {"_waiting.asyncio"},
+    "_native.libc.functions": {"_rings.perf.source"},
+    "_native.libc.shared_ring": {"_rings.perf.lease_ring"},
 }
 # aperf.fleet is built on the public API (aperf, aperf.decoders: its events, errors and
 # decoders). Of the private floors it uses these only, each for a reason; an entry no
@@ -219,7 +220,7 @@ def test_nothing_imports_upward() -> None:
     for module, deps in imports().items():
         for dep in deps:
             judged = floors_of(module, dep)
-            if judged and judged[2] > judged[1] and (module, dep) not in KNOWN:
+            if judged and judged[2] > judged[1]:
                 package, mine, theirs = judged
                 upward.append(f"{module} (floor {mine} of {package}) imports {dep} "
                               f"(floor {theirs})")
@@ -227,7 +228,7 @@ def test_nothing_imports_upward() -> None:
 
 
 def test_no_cycle() -> None:
-    graph = {m: {d for d in deps if (m, d) not in KNOWN} for m, deps in imports().items()}
+    graph = imports()
     state: dict[str, int] = {}
 
     def visit(module: str, path: list[str]) -> None:
@@ -243,20 +244,43 @@ def test_no_cycle() -> None:
             visit(module, [])
 
 
-def test_the_known_exceptions_are_still_there() -> None:
-    graph = imports()
-    assert [edge for edge in KNOWN if edge[1] not in graph.get(edge[0], ())] == []
-
-
 def test_each_binding_is_reached_only_by_its_users() -> None:
+    # Every part of _native that a module outside it imports has its users listed.
     strays = [
         f"{module} imports {dep}"
         for module, deps in imports().items() if not _inside(module, "_native")
-        for dep in deps
-        for binding, users in NATIVE_USERS.items()
-        if _inside(dep, binding) and module not in users
+        for dep in deps if _inside(dep, "_native")
+        if module not in next((users for binding, users in NATIVE_USERS.items()
+                               if _inside(dep, binding)), set())
     ]
     assert not strays
+
+
+# What calls into C: loading a library, declaring a function, reading or writing memory
+# at an address. ctypes' types (``_decoding`` compiles ``ctypes.Structure`` layouts) are
+# no call into C and may be used anywhere.
+C_CALLS = {"CDLL", "WinDLL", "cdll", "windll", "pythonapi", "CFUNCTYPE", "WINFUNCTYPE",
+           "PYFUNCTYPE", "string_at", "wstring_at", "memmove", "memset", "addressof", "cast",
+           "byref", "pointer", "get_errno", "set_errno"}
+C_MEMBERS = {"argtypes", "restype", "errcheck", "from_address"}  # of a C function, a C type
+
+
+def test_only_native_calls_into_c() -> None:
+    calls = []
+    for path in PACKAGE.rglob("*.py"):
+        module = module_of(path)
+        if _inside(module, "_native"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and (
+                node.attr in C_MEMBERS
+                or (node.attr in C_CALLS and getattr(node.value, "id", "") == "ctypes")
+            ):
+                calls.append(f"{module}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "ctypes":
+                calls += [f"{module}:{node.lineno} {alias.name}" for alias in node.names
+                          if alias.name in C_CALLS]
+    assert not calls
 
 
 def test_map_backed_sources_do_not_import_one_another() -> None:
@@ -279,6 +303,15 @@ def test_the_fleet_uses_the_public_api_and_the_private_rooms_it_names() -> None:
 def test_the_btf_room_knows_no_bpf_object() -> None:
     source = (PACKAGE / "_bpf" / "btf.py").read_text()
     assert "_bpf.object" not in imports()["_bpf.btf"] and "TYPE_CHECKING" not in source
+
+
+def test_the_reading_floor_knows_no_particular_source() -> None:
+    # The reader and its rooms talk to sources through the seam only: what a source can
+    # do is a protocol there (isinstance), never a class of one of them.
+    known = sorted(f"{module} imports {dep}" for module, deps in imports().items()
+                   if _inside(module, "_reading") for dep in deps
+                   if _inside(dep, "_rings") and dep != "_rings.seam")
+    assert known == []
 
 
 def test_the_reader_reaches_no_binding() -> None:

@@ -14,10 +14,13 @@ import pytest
 
 import aperf
 from aperf._events import tagged
-from aperf._reading.multi import STRIDE, offset_of
 from aperf._rings.perf.fake import _FakeRing
+from aperf._rings.seam import MAP_KEY_STRIDE as STRIDE
 from aperf._rings.seam import SourceEnded
+from aperf._rings.seam import map_key_offset as offset_of
 from aperf.testing import FakeRingSource
+
+from ..helpers import past_the_first_look
 
 REC = struct.Struct("<QQ")
 
@@ -296,7 +299,7 @@ async def test_a_map_taken_over_ends_the_stream_after_the_others_are_drained() -
     try:
         wakeup = aperf.Wakeup.every(1000, max_latency=60)  # nothing read before the notice
         async with aperf.PerfStream({"a": a, "t": taken}, wakeup=wakeup) as stream:
-            await anyio.sleep(0.05)
+            await past_the_first_look(stream, a, taken)
             for i in range(10):
                 assert a.write(i % 2, i.to_bytes(4, "little"))
                 assert taken.write(i % 2, i.to_bytes(4, "little"))

@@ -13,8 +13,9 @@ import pytest
 import aperf
 from aperf._reading.order import Orderer, check_order_by
 from aperf._reading.reader import Reader
-from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
+
+from ..helpers import FakeClock, fake_reader
 
 QQ = struct.Struct("<QQ")
 
@@ -23,25 +24,13 @@ class Ev(ctypes.Structure):
     _fields_ = [("seq", ctypes.c_uint64), ("ts", ctypes.c_uint64)]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make(
     *, ring_bytes: int = 1 << 16, lateness: float = 0.1, **kwargs: Any
-) -> tuple[Reader, FakeRingSource, Clock]:
+) -> tuple[Reader, FakeRingSource, FakeClock]:
     src = FakeRingSource(cpus=[0, 1], ring_bytes=ring_bytes)
-    wakeup = aperf.Wakeup.per_sample()
-    rings = src.open(RingConfig(None, wakeup))
-    clock = Clock()
     decoder = aperf.decoders.from_ctypes(Ev)
-    reader = Reader(src, rings, wakeup=wakeup, clock=clock, decoder=decoder,
-                    order_by=check_order_by("ts", decoder), order_field="ts",
-                    lateness=lateness, **kwargs)
+    reader, clock = fake_reader(src, decoder=decoder, order_by=check_order_by("ts", decoder),
+                                order_field="ts", lateness=lateness, **kwargs)
     return reader, src, clock
 
 
@@ -155,10 +144,8 @@ def test_a_decode_error_under_raise_comes_once_and_loses_nothing() -> None:
         return SimpleNamespace(seq=seq, ts=ts)
 
     src = FakeRingSource(cpus=[0, 1], ring_bytes=1 << 16)
-    wakeup = aperf.Wakeup.per_sample()
-    reader = Reader(src, src.open(RingConfig(None, wakeup)), wakeup=wakeup, clock=Clock(),
-                    decoder=picky, decode_errors="raise", order_by=check_order_by("ts", picky),
-                    order_field="ts")
+    reader, _ = fake_reader(src, decoder=picky, decode_errors="raise",
+                            order_by=check_order_by("ts", picky), order_field="ts")
     write(src, 0, 1, 3, 5)
     write(src, 1, 2, 4)
     reader.drain_all()

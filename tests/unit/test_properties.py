@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import aperf
-from aperf._reading.reader import Reader
 from aperf._rings.perf.format import PerfRing, split_span
-from aperf._rings.seam import RingConfig, payloads_of
+from aperf._rings.seam import payloads_of
 from aperf.testing import FakeRingMemory, FakeRingSource, encode_lost, encode_sample
+
+from ..helpers import fake_reader
 
 records = st.one_of(
     st.binary(max_size=300).map(encode_sample),
@@ -106,10 +107,8 @@ class ReaderAccounting(RuleBasedStateMachine):
         super().__init__()
         self.src = FakeRingSource(cpus=[0, 1], ring_bytes=512)
         wakeup = aperf.Wakeup.every(3, max_latency=0.001, idle_latency=0.01, idle_after=0.005)
-        rings = self.src.open(RingConfig(None, wakeup))
-        self.now = 0.0
-        self.reader = Reader(self.src, rings, wakeup=wakeup, clock=lambda: self.now,
-                             max_pending=7)
+        self.reader, self.clock = fake_reader(self.src, wakeup, max_pending=7)
+        self.clock.now = 0.0
         self.next_seq = {0: 0, 1: 0}
         self.seen: dict[int, list[int]] = {0: [], 1: []}
         self.lost = {0: 0, 1: 0}
@@ -133,8 +132,8 @@ class ReaderAccounting(RuleBasedStateMachine):
 
     @rule(dt=st.floats(0, 0.02))
     def tick(self, dt: float) -> None:
-        self.now += dt
-        if self.reader.deadline is not None and self.now >= self.reader.deadline:
+        self.clock.jump(dt)
+        if self.reader.deadline is not None and self.clock.now >= self.reader.deadline:
             self.reader.tick()
 
     @rule(n=st.integers(1, 10), back=st.integers(0, 3))

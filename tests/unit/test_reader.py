@@ -4,26 +4,23 @@ clock, exact losses, decode errors, dispatch and put-back, broken rings."""
 from __future__ import annotations
 
 import gc
+import os
 import struct
 from typing import Any
 
 import pytest
 
 import aperf
+import aperf.abc
 from aperf._reading.callbacks import Handlers
 from aperf._reading.reader import Reader
+from aperf._rings.perf.fake import _FakeRing
 from aperf._rings.seam import RingConfig
 from aperf.testing import FakeRingSource
 
+from ..helpers import FakeClock, fake_reader
+
 Q = struct.Struct("<Q")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make(
@@ -33,12 +30,10 @@ def make(
     wakeup: aperf.Wakeup | None = None,
     exact_lost: bool = True,
     **kwargs: Any,
-) -> tuple[Reader, FakeRingSource, Clock]:
+) -> tuple[Reader, FakeRingSource, FakeClock]:
     src = FakeRingSource(cpus=cpus or [0, 1], ring_bytes=ring_bytes, exact_lost=exact_lost)
-    wakeup = wakeup or aperf.Wakeup.per_sample()
-    rings = src.open(RingConfig(None, wakeup))
-    clock = Clock()
-    return Reader(src, rings, wakeup=wakeup, clock=clock, **kwargs), src, clock
+    reader, clock = fake_reader(src, wakeup, **kwargs)
+    return reader, src, clock
 
 
 def seqs(events: list[Any]) -> list[tuple[int, int]]:
@@ -63,6 +58,43 @@ def test_pauses_when_full_and_resumes_by_draining_every_ring() -> None:
     assert seqs(rest) == [(0, 8), (0, 9), (0, 10), (0, 11), (1, 100)]
     stats = reader.statistics()
     assert stats.samples == 13 and stats.wakeups == 2 and not stats.paused
+
+
+@pytest.mark.parametrize("cpus", [[0, 1], [0, 1, 2]])
+def test_every_ring_gets_its_turn_while_the_consumer_never_yields(cpus: list[int]) -> None:
+    # A consumer busy with its events never lets its loop run: no wakeup, no tick, only
+    # its takes drain the rings, and every ring fills between two of them. One ring's
+    # drain takes more than the queue holds (128 records, max_pending 100), so each
+    # pass fills the queue before it reaches the next ring. Before the fix every pass
+    # went in key order: CPU 0 was drained each time and the others never again (each
+    # stalled for good, its drops counted as the queue's).
+    reader, src, _ = make(cpus, max_pending=100)
+    written = dict.fromkeys(cpus, 0)
+    got = dict.fromkeys(cpus, 0)
+    late = dict.fromkeys(cpus, 0)  # what each ring delivered in the last quarter of the run
+    seq = 0
+    for round_ in range(400):
+        for cpu in cpus:  # the producers, flat out: each ring filled
+            while src.write(cpu, Q.pack(seq)):
+                written[cpu] += 1
+                seq += 1
+        for event in reader.take(16):
+            if isinstance(event, aperf.Sample):
+                got[event.cpu] += 1
+                late[event.cpu] += round_ >= 300
+    assert all(late.values()), late  # every ring is still read at the end of the run
+    total = sum(got.values())
+    assert all(n * len(cpus) >= total // 2 for n in got.values()), got  # each a fair share
+    reader.close()
+    for event in reader.take(1 << 20):
+        if isinstance(event, aperf.Sample):
+            got[event.cpu] += 1
+    stats = reader.statistics()
+    assert stats.samples == sum(got.values()) == sum(written.values())  # all that fitted
+    for cpu in cpus:
+        ring = next(c for c in stats.cpus if c.cpu == cpu)
+        assert ring.samples == got[cpu]
+        assert ring.samples + ring.lost == written[cpu] + src.dropped(cpu)  # exact
 
 
 def test_a_broken_ring_is_a_failure_in_order_and_stops_being_watched() -> None:
@@ -378,3 +410,45 @@ def test_fill_builds_the_front_queue_as_take_builds_batches(policy: str, batch: 
     taken, filled = ring_events("take"), ring_events("fill")
     assert filled == taken
     assert {kind for kind, *_ in taken} >= {"Sample", "Lost"}
+
+
+# --- CPU hotplug (a HotplugSource: tests/kernel/test_hotplug.py does it on the kernel) --
+
+
+class _Hotplugged(FakeRingSource):
+    """Fake rings whose notice (an eventfd) says CPU 1 went offline and CPU 2 came online."""
+
+    def __init__(self) -> None:
+        super().__init__(cpus=[0, 1])
+        self.notice = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    @property
+    def notices(self) -> list[int]:
+        return [self.notice]
+
+    def cpus_changed(self) -> tuple[list[int], list[Any]]:
+        ring = _FakeRing(2, self.ring_bytes, self._lock, True)
+        self._rings[2] = ring
+        return [1], [ring]
+
+
+def test_a_cpu_going_offline_is_drained_then_retired_and_a_new_one_watched() -> None:
+    src = _Hotplugged()
+    assert isinstance(src, aperf.abc.HotplugSource)
+    try:
+        rings = src.open(RingConfig(None, aperf.Wakeup.per_sample()))
+        reader = Reader(src, rings, wakeup=aperf.Wakeup.per_sample(), clock=FakeClock())
+        assert reader.handles() == [fd(src, 0), fd(src, 1), src.notice]
+        old = fd(src, 1)
+        src.write(1, Q.pack(7))  # written before the CPU went offline: delivered
+        assert reader.on_ready(src.notice) == 1
+        assert reader.handle_changes() == ([fd(src, 2)], [old])
+        assert reader.handle_changes() == ([], [])
+        src.write(2, Q.pack(8))
+        assert reader.on_ready(fd(src, 2)) == 1
+        assert seqs(reader.take(10)) == [(1, 7), (2, 8)]
+        assert reader.keys() == [0, 1, 2] and not reader.watches(old)
+        stats = {c.cpu: (c.samples, c.broken) for c in reader.statistics().cpus}
+        assert stats == {0: (0, False), 1: (1, False), 2: (1, False)}
+    finally:
+        os.close(src.notice)

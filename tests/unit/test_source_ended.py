@@ -14,6 +14,8 @@ import aperf
 from aperf._rings.seam import SourceEnded
 from aperf.testing import FakeRingSource
 
+from ..helpers import past_the_first_look
+
 
 class EndingSource(FakeRingSource):
     """A fake source with a notice handle (an eventfd): once signalled, it ends."""
@@ -47,11 +49,11 @@ async def test_the_error_comes_after_every_event_the_rings_held(drain: bool) -> 
     source = EndingSource(drain=drain)
     got: list[Any] = []
     try:
-        # Every 1000th sample wakes the reader and the drain timer looks once a minute
-        # (after its first look, at open): the 30 below wait in the rings.
+        # Every 1000th sample wakes the reader and the drain timer looks once a minute:
+        # the 30 below wait in the rings.
         wakeup = aperf.Wakeup.every(1000, max_latency=60)
         async with aperf.PerfStream(source, wakeup=wakeup) as stream:
-            await anyio.sleep(0.05)
+            await past_the_first_look(stream, source)
             for i in range(30):
                 assert source.write(i % 2, i.to_bytes(4, "little"))
             os.eventfd_write(source.notice, 1)

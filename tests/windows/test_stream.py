@@ -29,6 +29,7 @@ from aperf._rings.windows.perf import WindowsPerfSource
 from aperf._waiting.asyncio import ThreadedHandleBinding
 from aperf._waiting.trio import TrioBinding
 
+from ..helpers import asyncio_only
 from .conftest import FakeEbpf
 
 pytestmark = pytest.mark.standin
@@ -222,7 +223,8 @@ async def test_options_that_mean_nothing_on_windows(
         assert SEQ.unpack(event.data)[0] == 7
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_failed_wait_reaches_the_consumer(fake: FakeEbpf) -> None:
     binding = ThreadedHandleBinding(asyncio.get_running_loop(), "win32")
     bogus = 4000  # no such handle: WaitForMultipleObjects fails
@@ -319,7 +321,8 @@ def test_perf_buffer_callback_exception_propagates(
     assert seen == [0, 1, 2, 4, 5]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_a_dropped_stream_is_released(
     fake: FakeEbpf, perf_map: int, on_windows: None
 ) -> None:

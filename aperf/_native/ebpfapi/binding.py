@@ -45,14 +45,7 @@ from ..._errors import (
     MissingPrivilegesError,
     Win32Error,
 )
-from ..prototypes import (
-    ErrCheck,
-    Prototype,
-    check_negative,
-    check_nothing,
-    check_null,
-    raise_parked,
-)
+from ..prototypes import Declarations, ErrCheck, Prototype, raise_parked
 
 EBPFAPI_ENV = "APERF_EBPFAPI"
 """Path of the ``ebpfapi`` library to load instead of the installed ``ebpfapi.dll``."""
@@ -166,9 +159,6 @@ def error_for(err: int, function: str, detail: str = "") -> LibbpfError:
     return LibbpfError(err, function, detail)
 
 
-_check_negative = check_negative(error_for)
-# errno is the CRT's: ebpfapi.dll and Python must share the UCRT for it to arrive.
-_check_null = check_null(error_for)
 
 
 def _check_result(result: Any, func: Any, args: tuple[Any, ...]) -> Any:
@@ -208,32 +198,18 @@ def _kernel32_missing(name: str) -> Exception:
     return LibbpfUnavailableError(f"the loaded kernel32 has no {name}()")
 
 
-def _api(name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck) -> Prototype:
-    return Prototype(ebpfapi, _ebpfapi_missing, name, restype, argtypes, errcheck)
+# ptr_fn's errno is the CRT's: ebpfapi.dll and Python must share the UCRT for it to arrive.
+_ebpfapi = Declarations(ebpfapi, _ebpfapi_missing, error_for)
+int_fn, ptr_fn, plain_fn = _ebpfapi.int_fn, _ebpfapi.ptr_fn, _ebpfapi.plain_fn
 
 
 def _win(name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck) -> Prototype:
     return Prototype(kernel32, _kernel32_missing, name, restype, argtypes, errcheck)
 
 
-def int_fn(name: str, *argtypes: Any) -> Prototype:
-    """An ebpfapi function returning ``int``: negative is ``-errno``."""
-    return _api(name, ctypes.c_int, argtypes, _check_negative)
-
-
-def ptr_fn(name: str, *argtypes: Any) -> Prototype:
-    """An ebpfapi function returning a pointer: NULL means failure, with ``errno`` set."""
-    return _api(name, ctypes.c_void_p, argtypes, _check_null)
-
-
 def result_fn(name: str, *argtypes: Any) -> Prototype:
     """An ebpfapi function returning ``ebpf_result_t``: nonzero is a failure."""
-    return _api(name, ctypes.c_int, argtypes, _check_result)
-
-
-def plain_fn(name: str, restype: Any, *argtypes: Any) -> Prototype:
-    """An ebpfapi function with no error convention (a getter, or void)."""
-    return _api(name, restype, argtypes, check_nothing)
+    return _ebpfapi.declare(name, ctypes.c_int, argtypes, _check_result)
 
 
 # --- ebpfapi.dll: the synchronous perf buffer (PR #4966) ---------------------------------

@@ -1,63 +1,10 @@
-"""The only part of aperf that speaks ctypes: libbpf's prototypes, and a Pythonic
-surface over them (bytes in, bytes and ints out; BTF type records; perf rings)."""
+"""libbpf as Python calls: bytes in, bytes and ints out; the rest of aperf never sees a
+ctypes type. ``binding`` declares libbpf's prototypes; the modules beside it are cut by
+noun, as libbpf-rs cuts its files: ``log``, ``object``, ``query``, ``map``, ``pin``,
+``program``, ``btf``, ``perf_buffer``. This package re-exports what its users call
+(``lb.map_info``...). libc's pieces are in ``../libc/``."""
 
 from ..prototypes import MapInfo
-from .api import (
-    BTF_INT_BOOL,
-    BTF_INT_SIGNED,
-    BTF_KIND_ARRAY,
-    BTF_KIND_DATASEC,
-    BTF_KIND_ENUM,
-    BTF_KIND_ENUM64,
-    BTF_KIND_FLOAT,
-    BTF_KIND_INT,
-    BTF_KIND_PTR,
-    BTF_KIND_STRUCT,
-    BTF_KIND_TYPEDEF,
-    BTF_KIND_UNION,
-    BTF_KIND_VAR,
-    PER_CPU_MAP_TYPES,
-    VERBOSE_ENV,
-    Btf,
-    BtfMember,
-    BtfType,
-    MapLayout,
-    OverwritableRings,
-    PerfRings,
-    RingHandle,
-    RingMemory,
-    TimerFd,
-    attach_program,
-    c_path,
-    capture_log,
-    create_map,
-    cstr,
-    delete_slots,
-    inner_map_max_entries,
-    install_print,
-    iter_maps,
-    iter_programs,
-    libbpf_version,
-    map_fd_by_id,
-    map_info,
-    map_initial_value,
-    map_layout,
-    map_lookup,
-    map_type_supported,
-    map_update,
-    object_btf,
-    object_id,
-    object_kind,
-    open_object,
-    pin_object,
-    pinned_object_fd,
-    rcu_grace_period,
-    retype_map,
-    set_libbpf_verbose,
-    set_map_initial_value,
-    test_run_on_cpu,
-    unpin_object,
-)
 from .binding import (
     LIBBPF_ENV,
     MIN_VERSION,
@@ -81,6 +28,74 @@ from .binding import (
     library,
     version,
     version_string,
+)
+from .btf import (
+    BTF_INT_BOOL,
+    BTF_INT_SIGNED,
+    BTF_KIND_ARRAY,
+    BTF_KIND_DATASEC,
+    BTF_KIND_ENUM,
+    BTF_KIND_ENUM64,
+    BTF_KIND_FLOAT,
+    BTF_KIND_INT,
+    BTF_KIND_PTR,
+    BTF_KIND_STRUCT,
+    BTF_KIND_TYPEDEF,
+    BTF_KIND_UNION,
+    BTF_KIND_VAR,
+    Btf,
+    BtfMember,
+    BtfType,
+    object_btf,
+)
+from .log import (
+    VERBOSE_ENV,
+    capture_log,
+    install_print,
+    libbpf_version,
+    set_libbpf_verbose,
+)
+from .map import (
+    PER_CPU_MAP_TYPES,
+    MapLayout,
+    create_map,
+    inner_map_max_entries,
+    map_fd_by_id,
+    map_initial_value,
+    map_layout,
+    map_lookup,
+    map_type_supported,
+    map_update,
+    retype_map,
+    set_map_initial_value,
+)
+from .object import (
+    c_path,
+    cstr,
+    iter_maps,
+    iter_programs,
+    open_object,
+)
+from .perf_buffer import (
+    OverwritableRings,
+    PerfRings,
+    RingHandle,
+    RingMemory,
+    delete_slots,
+)
+from .pin import (
+    pin_object,
+    pinned_object_fd,
+    unpin_object,
+)
+from .program import (
+    attach_program,
+    test_run_on_cpu,
+)
+from .query import (
+    map_info,
+    object_id,
+    object_kind,
 )
 
 __all__ = [
@@ -110,7 +125,6 @@ __all__ = [
     "PerfRings",
     "RingHandle",
     "RingMemory",
-    "TimerFd",
     "attach_program",
     "bpf_link__destroy",
     "bpf_map__fd",
@@ -153,7 +167,6 @@ __all__ = [
     "open_object",
     "pin_object",
     "pinned_object_fd",
-    "rcu_grace_period",
     "retype_map",
     "set_libbpf_verbose",
     "set_map_initial_value",

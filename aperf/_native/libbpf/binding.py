@@ -16,12 +16,10 @@ import errno as _errno
 import os
 import sys
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 from ..._errors import LibbpfError, LibbpfUnavailableError, MissingPrivilegesError
-from ..prototypes import ErrCheck, Prototype, check_negative, check_nothing, check_null
-from ..prototypes import park_callback_error as park_callback_error  # for api's callbacks
+from ..prototypes import Declarations
+from ..prototypes import park_callback_error as park_callback_error  # for the callbacks
 
 LIBBPF_ENV = "APERF_LIBBPF"
 """Environment variable naming the libbpf shared library to load instead of ``libbpf.so.1``."""
@@ -103,28 +101,8 @@ def _missing(name: str) -> Exception:
     return LibbpfUnavailableError(f"the loaded libbpf has no {name}(); {INSTALL_HINT}")
 
 
-def _declare(name: str, restype: Any, argtypes: Sequence[Any], errcheck: ErrCheck) -> Prototype:
-    """A libbpf function declared now, bound on first call (importing aperf loads nothing)."""
-    return Prototype(library, _missing, name, restype, argtypes, errcheck)
-
-
-_check_negative = check_negative(error_for)
-_check_null = check_null(error_for)
-
-
-def int_fn(name: str, *argtypes: Any) -> Prototype:
-    """A function returning ``int``: negative is ``-errno``."""
-    return _declare(name, ctypes.c_int, argtypes, _check_negative)
-
-
-def ptr_fn(name: str, *argtypes: Any) -> Prototype:
-    """A function returning a pointer: NULL means failure, with ``errno`` set."""
-    return _declare(name, ctypes.c_void_p, argtypes, _check_null)
-
-
-def plain_fn(name: str, restype: Any, *argtypes: Any) -> Prototype:
-    """A function with no error convention (a getter, an iterator, or void)."""
-    return _declare(name, restype, argtypes, check_nothing)
+_libbpf = Declarations(library, _missing, error_for)
+int_fn, ptr_fn, plain_fn = _libbpf.int_fn, _libbpf.ptr_fn, _libbpf.plain_fn
 
 
 def version() -> tuple[int, int]:

@@ -11,7 +11,7 @@ import struct
 from typing import Protocol
 
 from ..._errors import ArgumentError, BrokenRingError
-from ..seam import Run, RunEnd, Segment
+from ..seam import Run, RunEnd, Segment, Split
 
 PERF_RECORD_LOST = 2
 PERF_RECORD_SAMPLE = 9
@@ -218,6 +218,17 @@ class PerfRecords:
         key: int, span: bytes, run_end: RunEnd = uniform_run_end
     ) -> tuple[list[Segment], int]:
         return split_span(key, span, run_end)
+
+    @staticmethod
+    def columnar_split() -> Split:
+        """The split for columnar consumers (``seam.ColumnarRecords``): runs found with
+        NumPy (``runs.py``, imported now), a fresh finder per span."""
+        from .runs import RunFinder
+
+        def split(key: int, span: bytes) -> tuple[list[Segment], int]:
+            return split_span(key, span, RunFinder(uniform_run_end))
+
+        return split
 
 
 PERF_RECORDS = PerfRecords()

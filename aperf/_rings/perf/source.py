@@ -23,6 +23,7 @@ from ..._errors import (
 )
 from ..._log import log
 from ..._native import libbpf as lb
+from ..._native.libc.functions import rcu_grace_period
 from ..._options import DEFAULT_PAGES, PAGE_SIZE, Wakeup, budget_ring_bytes
 from ..map_spec import (
     BPF_MAP_TYPE_PERF_EVENT_ARRAY,
@@ -395,7 +396,7 @@ class PerfEventArraySource(MapBackedSource):
         paused = self._paused
         self.pause()
         try:
-            lb.rcu_grace_period()
+            rcu_grace_period()
             return [(ring.key, ring.newest()) for ring in self._overwrite]
         finally:
             if not paused:
@@ -464,7 +465,7 @@ class PerfEventArraySource(MapBackedSource):
             return
         perfs = (rings, *(a.rings for a in self._added.values()))
         lb.delete_slots(self._map_fd, [ring.slot for perf in perfs for ring in perf.rings])
-        lb.rcu_grace_period()
+        rcu_grace_period()
 
     def _give_up(self) -> bool:
         """Taken over: empty our slots (the BPF side gets -ENOENT until the taker's are

@@ -10,30 +10,21 @@ handle: the driver waits on it, ``WindowsPerfSource.acknowledge()`` resets
 it before the rings are read, so a record written during the read signals it
 again and no wakeup is lost.
 
-Frees in a fixed order: (drivers stop waiting on the handle first) the perf
-buffer (``perf_buffer__free`` unmaps the rings and closes the wait handle),
-then aperf's own map fd, then the claim on the map.
+Frees in the order of ``base.WindowsSource``: the perf buffer
+(``perf_buffer__free`` unmaps the rings and closes the wait handle), then
+aperf's own map fd, then the claim on the map.
 """
 
 from __future__ import annotations
 
-import os
 import struct
-import threading
 from collections.abc import Sequence
 
-from ..._bpf.object import Map
-from ..._errors import (
-    BrokenRingError,
-    BusyResourceError,
-    ClosedResourceError,
-    MapTypeError,
-    RingSizeError,
-)
+from ..._errors import BrokenRingError, ClosedResourceError
 from ..._native.ebpfapi import api as win
 from ..._native.ebpfapi import binding as c
-from ..map_spec import MapBackedSource, MapSpec
-from ..seam import HandleKind, RecordFormat, RingConfig, Segment
+from ..seam import RecordFormat, Segment
+from .base import WindowsSource
 
 _WORD = struct.Struct("<I")
 _LOST = struct.Struct("<IQ")
@@ -117,17 +108,6 @@ def _uniform_to_end(span: bytes, pos: int, length: int) -> bool:
 WINDOWS_RECORDS = WindowsRecords()
 
 
-def own_map_fd(source: MapSpec) -> int:
-    """An ebpfapi fd of our own for the map the user named (closed with ``win.close_fd``)."""
-    if isinstance(source, Map):
-        if source.closed:
-            raise ClosedResourceError(f"map {source.name!r} belongs to a closed BPFObject")
-        return win.duplicate_fd(source.fd)
-    if isinstance(source, int):
-        return win.duplicate_fd(source)
-    return win.pinned_map_fd(os.fspath(source))
-
-
 class _WindowsRing:
     """One CPU's ring of a ``WindowsPerfSource`` (they all share one wait handle)."""
 
@@ -160,7 +140,7 @@ class _WindowsRing:
         return self._lost
 
 
-class WindowsPerfSource(MapBackedSource):
+class WindowsPerfSource(WindowsSource[win.SyncPerfBuffer, "_WindowsRing"]):
     """The per-CPU rings of one eBPF for Windows ``BPF_MAP_TYPE_PERF_EVENT_ARRAY``.
 
     ``source`` is the map's fd (an ebpfapi fd, e.g. from ``bpf_map__fd`` or
@@ -170,97 +150,30 @@ class WindowsPerfSource(MapBackedSource):
     signals the wait handle on every record).
     """
 
-    handle_kind: HandleKind = "win32"
     records: RecordFormat = WINDOWS_RECORDS
 
     _takeover = "take over its rings' wait handle"
-
-    def __init__(self, source: MapSpec) -> None:
-        super().__init__(source)
-        self._lock = threading.Lock()  # consume, reset and free never overlap
-        self._pb: win.SyncPerfBuffer | None = None
-        self._map_fd = -1
-
-    @property
-    def wait_handle(self) -> int | None:
-        """The perf buffer's wait handle, while open."""
-        pb = self._pb
-        return None if pb is None else pb.wait_handle
-
-    def open(self, config: RingConfig) -> Sequence[_WindowsRing]:
-        if config.ring_bytes is not None:
-            raise RingSizeError(
-                "pages/ring_bytes: on eBPF for Windows the ring size is fixed by the map "
-                "(max_entries bytes per CPU) and perf_buffer__new takes no page count; "
-                "leave pages and ring_bytes unset"
-            )
-        with self._lock:
-            if self._pb is not None:
-                raise BusyResourceError(f"perf event array {self.name} is already open")
-        try:
-            return self._open()
-        except BaseException:
-            self.free()
-            raise
+    _noun = "perf event array"
+    _fixed_size = (
+        "pages/ring_bytes: on eBPF for Windows the ring size is fixed by the map "
+        "(max_entries bytes per CPU) and perf_buffer__new takes no page count; "
+        "leave pages and ring_bytes unset"
+    )
 
     def _open(self) -> list[_WindowsRing]:
-        self._map_fd = self._resolve()
-        facts = win.map_info(self._map_fd)
-        if facts.type != c.BPF_MAP_TYPE_PERF_EVENT_ARRAY:
-            raise MapTypeError(
-                f"map {self.name} has type {facts.type}; aperf reads "
-                f"BPF_MAP_TYPE_PERF_EVENT_ARRAY ({c.BPF_MAP_TYPE_PERF_EVENT_ARRAY} on Windows) maps"
-            )
-        self.map_id = facts.id
-        self._claim()
-        pb = win.SyncPerfBuffer(self._map_fd)
-        with self._lock:
-            self._pb = pb
+        facts = self._own_map(
+            c.BPF_MAP_TYPE_PERF_EVENT_ARRAY,
+            "map {name} has type {type}; aperf reads BPF_MAP_TYPE_PERF_EVENT_ARRAY "
+            f"({c.BPF_MAP_TYPE_PERF_EVENT_ARRAY} on Windows) maps",
+        )
+        pb = self._hold(win.SyncPerfBuffer(self._map_fd))
         self._ring_bytes = facts.max_entries
         self._memory_bytes = pb.count * facts.max_entries
         return [_WindowsRing(self, index, pb.wait_handle) for index in range(pb.count)]
 
-    def _resolve(self) -> int:
-        """An fd of our own for the map (perf_buffer__free still uses it), closed by free()."""
-        return own_map_fd(self._spec)
-
     def _consume(self, index: int) -> list[win.Record]:
         with self._lock:
-            pb = self._pb
+            pb = self._buffer
             if pb is None:
                 raise ClosedResourceError(f"perf event array {self.name} was closed")
             return pb.consume(index)
-
-    def acknowledge(self, handle: int) -> None:
-        """Reset the manual-reset wait handle before its rings are read."""
-        with self._lock:
-            pb = self._pb
-            if pb is not None and pb.wait_handle == handle:
-                win.reset(handle)
-
-    def free(self) -> None:
-        """Free the perf buffer (rings unmapped, wait handle closed), then our map fd."""
-        with self._lock:
-            pb, self._pb = self._pb, None
-        try:
-            if pb is not None:
-                pb.free()
-        finally:
-            try:
-                fd, self._map_fd = self._map_fd, -1
-                if fd >= 0:
-                    win.close_fd(fd)
-            finally:
-                self._release_claim()
-
-    def after_fork(self) -> None:
-        """Windows processes do not fork; should a copy of this source exist in a
-        child anyway, it forgets the parent's buffer and fd without freeing them."""
-        with self._lock:
-            self._pb = None
-        self._map_fd = -1
-        self._claimed = 0
-
-    def __repr__(self) -> str:
-        state = "open" if self._pb is not None else "closed"
-        return f"<WindowsPerfSource {self.name!r} {state}>"

@@ -15,26 +15,26 @@ callback per record, about 0.9 us). ``acknowledge()`` resets the event before
 the ring is read, so an output during the read signals it again.
 
 Frees in a fixed order: (drivers stop waiting on the handle first) the ring's
-views, then the ring buffer (``ring_buffer__free`` unmaps the memory and closes
-the event), then aperf's own map fd, then the claim on the map.
+views, then, as ``base.WindowsSource`` frees, the ring buffer
+(``ring_buffer__free`` unmaps the memory and closes the event), then aperf's own
+map fd, then the claim on the map.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 from ..._bpf.object import Map
-from ..._errors import BusyResourceError, MapTypeError, RingSizeError
 from ..._native.ebpfapi import api as win
 from ..._native.ebpfapi import binding as c
-from ..map_spec import MapBackedSource, MapSpec
+from ..map_spec import MapSpec
 from ..ringbuf.format import RINGBUF_RECORDS, RingBufferRing
 from ..seam import HandleKind, RecordFormat, RingConfig
-from .perf import WindowsPerfSource, own_map_fd
+from .base import WindowsSource, own_map_fd
+from .perf import WindowsPerfSource
 
 
-class WindowsRingBufferSource(MapBackedSource):
+class WindowsRingBufferSource(WindowsSource[win.SyncRingBuffer, RingBufferRing]):
     """The one ring of an eBPF for Windows ``BPF_MAP_TYPE_RINGBUF`` map (``PerfStream``
     builds one by itself for a ring buffer's fd or pin path).
 
@@ -46,55 +46,29 @@ class WindowsRingBufferSource(MapBackedSource):
     ``cpu=-1``.
     """
 
-    handle_kind: HandleKind = "win32"
     records: RecordFormat = RINGBUF_RECORDS
 
     _takeover = "race it for the consumer offset and take its wait handle"
+    _noun = "ring buffer"
+    _fixed_size = (
+        "pages/ring_bytes: a ring buffer's size is fixed by its map (max_entries); "
+        "leave pages and ring_bytes unset"
+    )
 
     def __init__(self, source: MapSpec, *, dropped: Callable[[], int] | None = None) -> None:
         super().__init__(source)
         if dropped is not None and not callable(dropped):
             raise TypeError(f"dropped must be callable, not {type(dropped).__name__}")
         self._dropped = dropped
-        self._lock = threading.Lock()  # acknowledge and free never overlap
-        self._rb: win.SyncRingBuffer | None = None
         self._ring: RingBufferRing | None = None
-        self._map_fd = -1
 
-    @property
-    def wait_handle(self) -> int | None:
-        """The ring buffer's wait handle, while open."""
-        rb = self._rb
-        return None if rb is None else rb.wait_handle
-
-    def open(self, config: RingConfig) -> Sequence[RingBufferRing]:
-        if config.ring_bytes is not None:
-            raise RingSizeError(
-                "pages/ring_bytes: a ring buffer's size is fixed by its map (max_entries); "
-                "leave pages and ring_bytes unset"
-            )
-        with self._lock:
-            if self._rb is not None:
-                raise BusyResourceError(f"ring buffer {self.name} is already open")
-        try:
-            return [self._open()]
-        except BaseException:
-            self.free()
-            raise
-
-    def _open(self) -> RingBufferRing:
-        self._map_fd = own_map_fd(self._spec)  # ours, closed by free()
-        facts = win.map_info(self._map_fd)
-        if facts.type != c.BPF_MAP_TYPE_RINGBUF:
-            raise MapTypeError(
-                f"map {self.name} has type {facts.type}, not BPF_MAP_TYPE_RINGBUF "
-                f"({c.BPF_MAP_TYPE_RINGBUF} on Windows)"
-            )
-        self.map_id = facts.id
-        self._claim()
-        rb = win.SyncRingBuffer(self._map_fd)
-        with self._lock:
-            self._rb = rb
+    def _open(self) -> list[RingBufferRing]:
+        self._own_map(
+            c.BPF_MAP_TYPE_RINGBUF,
+            "map {name} has type {type}, not BPF_MAP_TYPE_RINGBUF "
+            f"({c.BPF_MAP_TYPE_RINGBUF} on Windows)",
+        )
+        rb = self._hold(win.SyncRingBuffer(self._map_fd))
         assert rb.consumer is not None and rb.producer is not None
         ring = RingBufferRing(
             rb.wait_handle, rb.consumer, rb.producer, 0, rb.size, lost=self._dropped,
@@ -103,52 +77,27 @@ class WindowsRingBufferSource(MapBackedSource):
         self._ring = ring
         self._ring_bytes = rb.size
         self._memory_bytes = rb.size + 2 * 4096  # the data (mapped twice) and two pages
-        return ring
+        return [ring]
 
     def _signal_more(self) -> None:
         """A take stopped with records left: signal our own event so the reader comes back."""
         with self._lock:
-            rb = self._rb
+            rb = self._buffer
             if rb is not None:
                 win.signal(rb.wait_handle)
 
-    def acknowledge(self, handle: int) -> None:
-        """Reset the manual-reset wait handle before the ring is read."""
-        with self._lock:
-            rb = self._rb
-            if rb is not None and rb.wait_handle == handle:
-                win.reset(handle)
-
     def free(self) -> None:
-        """Drop the ring's views, free the ring buffer (unmapped, event closed), then our fd."""
+        """Drop the ring's views, then free as every Windows source does."""
         ring, self._ring = self._ring, None
-        with self._lock:
-            rb, self._rb = self._rb, None
         try:
             if ring is not None:
                 ring.release()
-            if rb is not None:
-                rb.free()
         finally:
-            try:
-                fd, self._map_fd = self._map_fd, -1
-                if fd >= 0:
-                    win.close_fd(fd)
-            finally:
-                self._release_claim()
+            super().free()
 
     def after_fork(self) -> None:
-        """Windows processes do not fork; should a copy of this source exist in a child
-        anyway, it forgets the parent's ring buffer and fd without freeing them."""
         self._ring = None
-        with self._lock:
-            self._rb = None
-        self._map_fd = -1
-        self._claimed = 0
-
-    def __repr__(self) -> str:
-        state = "open" if self._rb is not None else "closed"
-        return f"<WindowsRingBufferSource {self.name!r} {state}>"
+        super().after_fork()
 
 
 class WindowsMapSource:

@@ -28,6 +28,7 @@ from ..._rings.perf.source import online_cpus
 from .output import LineOutput
 from .preflight import OptionError, SetupError
 from .render import HEADER, event_decoder
+from .session import Printer, StopSignals, event_map, order_by, show_all, tracer_object
 
 READY = "ready"  # a child's first line: its rings are open, events from now on are its
 PIN_DIR = "/sys/fs/bpf"
@@ -71,8 +72,6 @@ def pinned(map_: aperf.Map) -> Iterator[str]:
 
 async def trace_sharded(args: argparse.Namespace) -> int:
     """Load once, start the shards, print their lines until they end (0 when all end well)."""
-    from .cli import StopSignals, event_map, tracer_object
-
     out = await LineOutput.open()
     children: list[asyncio.subprocess.Process] = []
 
@@ -138,8 +137,6 @@ async def copy_lines(
 
 async def trace_shard(args: argparse.Namespace) -> int:
     """A child: read the CPUs ``--shard-cpus`` of the map pinned at ``--shard-of``."""
-    from .cli import Printer, StopSignals, order_by, show_all
-
     cpus = [int(cpu) for cpu in args.shard_cpus.split(",")]
     out = await LineOutput.open()
     try:

@@ -3,6 +3,12 @@
 // the service's own counters. Text goes in through textContent only: a process names
 // itself, and its name must never become markup. The chart is an SVG drawn here: no
 // library, nothing from elsewhere.
+//
+// First paint: the stream asks for the last MAX_ROWS events (?history=), which fill the
+// table, and the service says `ready` once they are all sent, with the clients it has,
+// this page among them. Until then the page says "connecting…" and shows no number it
+// does not have yet; /health is asked only from then on (asked before, it could answer
+// before this page's stream was counted: "clients 0").
 "use strict";
 
 const MAX_ROWS = 500;
@@ -18,8 +24,9 @@ const CPU_COLORS = ["#1f5fa8", "#2a9d8f", "#6a4c93", "#4d908e", "#277da1", "#577
 const OTHER_COLORS = { lost: "#b3261e", missed: "#e09f3e" };
 
 const $ = (id) => document.getElementById(id);
-const counts = { events: 0, lost: 0, missed: 0 };
+const counts = { events: 0, lost: 0, missed: 0 };  // since the page had its history
 let healthSoon = null;
+let caughtUp = false;  // the first `ready` came: what follows happened while the page is open
 
 function setText(id, value) {
   $(id).textContent = String(value);
@@ -62,8 +69,16 @@ function addEvent(record) {
   const body = $("events");
   body.insertBefore(row, body.firstChild);
   while (body.rows.length > MAX_ROWS) body.deleteRow(-1);
+  $("table-state").hidden = true;
+  if (!caughtUp) return;  // history: in the table, not in the counts of this page
   setText("count-events", ++counts.events);
   countPerSecond("cpu " + record.cpu, 1);
+}
+
+function showCounts() {
+  setText("count-events", counts.events);
+  setText("count-lost", counts.lost);
+  setText("count-missed", counts.missed);
 }
 
 // --- the chart: per-second counts of the last minute, one series per CPU, lost, missed ---
@@ -160,16 +175,30 @@ function drawChart() {
 }
 
 function connect() {
-  const source = new EventSource("/events");
-  source.onopen = () => setStatus("live");
+  const source = new EventSource("/events?history=" + MAX_ROWS);
   source.onerror = () => {
     setStatus(source.readyState === EventSource.CLOSED ? "closed" : "reconnecting");
   };
+  // After every (re)connection, once the service has sent what it held when this page
+  // came: the page is live, and counted among the clients.
+  source.addEventListener("ready", (e) => {
+    const ready = JSON.parse(e.data);
+    if (!caughtUp) {
+      caughtUp = true;
+      showCounts();
+      if ($("events").rows.length === 0) setText("table-state", "no events yet");
+      refreshHealth();
+      setInterval(refreshHealth, HEALTH_PERIOD_MS);
+    }
+    setText("clients", ready.clients);
+    setStatus("live");
+  });
   source.onmessage = (e) => {
     addEvent(JSON.parse(e.data));
-    refreshHealthSoon();
+    if (caughtUp) refreshHealthSoon();
   };
   source.addEventListener("lost", (e) => {
+    if (!caughtUp) return;  // lost before the page opened: in /health's count
     const count = JSON.parse(e.data).count;
     counts.lost += count;
     countPerSecond("lost", count);
@@ -178,6 +207,7 @@ function connect() {
   });
   source.addEventListener("missed", (e) => {
     const notice = JSON.parse(e.data);
+    if (!caughtUp) return;  // history that left the window while it was sent: not live
     // null: the service restarted, and how many were missed is unknown.
     if (notice.missed !== null) {
       counts.missed += notice.missed;
@@ -220,7 +250,5 @@ async function refreshHealth() {
 }
 
 connect();
-refreshHealth();
-setInterval(refreshHealth, HEALTH_PERIOD_MS);
 drawChart();
 setInterval(drawChart, CHART_PERIOD_MS);
