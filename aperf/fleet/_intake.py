@@ -425,6 +425,15 @@ class Intake:
                 host, stream = (token_name(t) or t for t in tokens)
         self._todo.append([FleetEvent(host, stream, Malformed(subject, seq, reason))])
 
+    def withhold(self) -> None:
+        """The reader closed: hand nothing more out. What was accepted and not handed
+        out stays unacknowledged (its messages are never released), so JetStream gives
+        it to the next reader: handing it out here too would give it twice."""
+        self._todo.clear()
+        self._front.clear()
+        self._ends.clear()
+        self._next_end = _NEVER
+
     # --- events out ---------------------------------------------------------------------------
 
     def hand(self, n: int) -> list[FleetEvent]:

@@ -246,7 +246,8 @@ class FleetReader:
 
     async def aclose(self) -> None:
         """Acknowledge what was handed out, and disconnect. Events still held are not
-        acknowledged: JetStream redelivers their messages to the next reader."""
+        acknowledged: JetStream redelivers their messages to the next reader, and an
+        iterator used after this ends instead of handing them out twice."""
         if self._closed:
             return
         self._closed = True
@@ -270,6 +271,9 @@ class FleetReader:
         finally:
             if self._task is not None:
                 self._task.cancel()
+            # An iterator used after this ends: what is still held is the next reader's.
+            self._intake.withhold()
+            self._fetched.clear()
             await nc.close()
         log.info("fleet reader closed", durable=self._durable,
                  messages=self._intake.counts.messages)
@@ -319,12 +323,14 @@ class FleetReader:
                 if not task.done():
                     return got
                 self._task, done = None, self._task_done
-                if not task.cancelled():
-                    done(task.result())  # (its exception, if any, raised here)
+                # (Its exception, if any, raised here. A fetch's messages that came
+                # after aclose() are left to the next reader.)
+                if not task.cancelled() and (done is _nothing or not self._closed):
+                    done(task.result())
+            elif self._closed:  # (what a fetch brought after aclose() is the next reader's)
+                return got
             elif self._fetched:
                 self._accept(self._fetched.popleft())
-            elif self._closed:
-                return got
             elif intake.unsettled() and self._may_ask():
                 self._start(self._ask(), self._asked)
             else:

@@ -490,6 +490,15 @@ async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServ
     async with FleetReader(url, durable="two", decoder=SEQ_TS, ack_wait=1.0) as reader:
         assert await take(reader, 10) == list(range(10))
 
+    # Iterating on after aclose(): it ends. What the reader still held is the next
+    # reader's (unacknowledged), so handing it out here too would give it twice.
+    async with FleetReader(url, durable="three", decoder=SEQ_TS, ack_wait=1.0) as reader:
+        events, batches = aiter(reader), reader.batches(4)
+        assert [(await anext(events)).event.value.seq for _ in range(3)] == [0, 1, 2]
+    assert [e async for e in events] == [] and [b async for b in batches] == []
+    async with FleetReader(url, durable="three", decoder=SEQ_TS, ack_wait=1.0) as reader:
+        assert await take(reader, 10) == list(range(10))
+
 
 
 @pytest.mark.anyio
