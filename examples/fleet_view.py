@@ -52,9 +52,8 @@ async def view(args: argparse.Namespace) -> int:
         decoder = event_decoder(obj)  # names escaped, as the tracer shows them
     try:
         reader = FleetReader(
-            _natsargs.servers(args.nats), jetstream=args.jetstream, durable=args.durable,
+            _natsargs.connection(args), jetstream=args.jetstream, durable=args.durable,
             decoder=decoder, subject=f"aperf.*.{TRACER}", host_keys=args.nats_host_keys,
-            **_natsargs.keywords(args),
         )
     except FleetConfigError:  # --nats-host-keys that cannot be read: said as it is
         raise

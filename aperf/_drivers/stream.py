@@ -11,16 +11,14 @@ import os
 import struct
 import threading
 import warnings
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from .._errors import BusyResourceError, ClosedResourceError
 from .._events import BadSample, Event, Lost, Sample, SampleArray, StreamStatistics, T
 from .._naming import Subscriptable
-from .._native import speedups
 from .._options import DEFAULT_MAX_PENDING, DecodeErrorPolicy, Wakeup, check_max_rows
 from .._reading.callbacks import Handlers, check_callback
 from .._reading.order import DEFAULT_LATENESS
@@ -29,6 +27,7 @@ from .._reading.snapshot import snapshot
 from .._rings.seam import set_paused
 from .._waiting import current_binding
 from .._waiting.base import LoopBinding
+from .items import Items, batches, fast
 from .lifetime import OpenReader, weak_callback
 from .setup import ReaderOptions, SourceSpec, check_arrays_order
 
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
     from .._recording.writer import RecorderStatistics
 
 Callback = Callable[[Any], Any]
-I = TypeVar("I")  # noqa: E741 - what an iterator hands out
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close()`` from another thread waits for the loop to run the close."""
 
@@ -532,9 +530,13 @@ class PerfStream(Subscriptable[T]):
         assert self._loop is not None
         await self._loop.wait()
 
+    def _ended(self) -> bool:
+        return self._closed
+
     def __aiter__(self) -> AsyncIterator[Event[T]]:
         reader = self._require_open()
-        return _iterate(self, reader.next_event, partial(self._fill, reader, DEFAULT_BATCH))
+        return fast(Items(reader.next_event, partial(self._fill, reader, DEFAULT_BATCH),
+                          self._ended, self._wait))
 
     async def __anext__(self) -> Event[T]:
         """One event (``await anext(stream)``); ``async for`` takes them a batch at a time."""
@@ -556,17 +558,7 @@ class PerfStream(Subscriptable[T]):
         return self._batches(partial(self._take, reader, max_items))
 
     def _batches(self, take: Callable[[], list[Any]]) -> AsyncIterator[list[Any]]:
-        # A batch is taken into this slot and handed out in the same step: nothing
-        # waits in it across an await, so a cancelled anext() loses nothing.
-        slot: deque[list[Any]] = deque()
-
-        def fill() -> bool:
-            batch = take()
-            if batch:
-                slot.append(batch)
-            return bool(batch)
-
-        return _iterate(self, slot.popleft, fill)
+        return fast(batches(take, self._ended, self._wait))
 
     async def run(
         self,
@@ -702,7 +694,8 @@ class PerfStream(Subscriptable[T]):
         check_arrays_order(self._options)
         reader = self._require_open()
         reader.columns()
-        return _iterate(self, reader.next_array, partial(self._fill_arrays, reader, max_rows))
+        return fast(Items(reader.next_array, partial(self._fill_arrays, reader, max_rows),
+                          self._ended, self._wait))
 
     def lease(self, max_rows: int | None = None) -> AsyncContextManager[list[ArrayItem]]:
         """Columnar batches that view the rings' memory in place, for as long as the
@@ -780,56 +773,3 @@ class PerfStream(Subscriptable[T]):
     def wakeup(self) -> Wakeup:
         """The wakeup policy in force."""
         return self._options.wakeup
-
-
-def _iterate(
-    stream: PerfStream[Any], next_item: Callable[[], I], fill: Callable[[], bool]
-) -> AsyncIterator[I]:
-    """What ``async for``, ``batches()`` and ``arrays()`` iterate: ``_Items``, or with the
-    compiled fast path its C iterator, which hands out what the front holds without a
-    coroutine and turns to ``_Items``'s step when it is empty (the same waits, the same
-    cancellation: nothing is taken before the step runs)."""
-    items = _Items(stream, next_item, fill)
-    if _FastItems is None:
-        return items
-    return _FastItems(next_item, items.__anext__)
-
-
-_FastItems = speedups.Items
-
-
-class _Items(Generic[I]):
-    """What ``async for`` over a stream, ``batches()`` and ``arrays()`` iterate, on every loop.
-
-    It keeps nothing of its own across an await: items built and not yet handed
-    out wait in the reader's front queue, so a consumer that stops (break, an
-    exception, a cancelled ``anext()``: a timeout around it) loses nothing, and
-    the same iterator goes on where it stopped. (An async generator would be
-    finished by a cancellation: its next ``anext()`` would say the stream ended.)
-    ``next_item()`` hands out the front (IndexError: empty); ``fill()`` takes the
-    next batch into it and says whether there is anything.
-    """
-
-    __slots__ = ("_fill", "_next", "_stream")
-
-    def __init__(
-        self, stream: PerfStream[Any], next_item: Callable[[], I], fill: Callable[[], bool]
-    ) -> None:
-        self._stream = stream
-        self._next = next_item
-        self._fill = fill
-
-    def __aiter__(self) -> _Items[I]:
-        return self
-
-    async def __anext__(self) -> I:
-        try:
-            return self._next()
-        except IndexError:
-            pass
-        while not self._fill():
-            stream = self._stream
-            if stream.closed:
-                raise StopAsyncIteration
-            await stream._wait()
-        return self._next()

@@ -4,7 +4,12 @@ A piece is part of one drained span of one ring: a ``RunPiece`` (records
 ``start`` to ``stop`` of a run of identical records, still in the span they
 were copied in) or ``Payloads`` (samples parsed one by one). ``EventBuilder``
 turns pieces into ``Sample`` events (decoded at C speed where the records
-allow) and ``BadSample`` items under the ``decode_errors`` policy.
+allow) and ``BadSample`` items under the ``decode_errors`` policy. A fleet reader
+(``aperf.fleet``) builds the samples of its messages with it too, as ``Payloads``.
+
+A decoder that raises on one record of a run decoded at C speed costs only that
+record: the run is decoded again one record at a time, and that one alone is the
+decode error.
 """
 
 from __future__ import annotations
@@ -58,15 +63,18 @@ class EventBuilder:
 
     In a stream of several maps there is one per map (``multi.MultiBuilder``): its
     events are of the map's tagged classes (``tagged(Sample, map)``) and say the
-    ring's real CPU, the ring key less ``offset``.
+    ring's real CPU, the ring key less ``offset``. With ``causes=False`` a decode
+    error keeps neither the decoder's exception nor a traceback (their frames are most
+    of its cost): a fleet reader's samples come from the network.
     """
 
-    __slots__ = ("bad", "decode_errors", "decoder", "errors", "lost_cls", "map", "offset",
-                 "requeue", "sample")
+    __slots__ = ("bad", "causes", "decode_errors", "decoder", "errors", "lost_cls", "map",
+                 "offset", "requeue", "sample")
 
     def __init__(
         self, decoder: Decoder | None, decode_errors: DecodeErrorPolicy, requeue: Requeue, *,
         map: str | None = None, offset: int = 0, errors: dict[int, int] | None = None,
+        causes: bool = True,
     ) -> None:
         self.decoder = decoder
         self.decode_errors = decode_errors
@@ -74,6 +82,7 @@ class EventBuilder:
         self.errors: dict[int, int] = {} if errors is None else errors  # ring key -> count
         self.map = map
         self.offset = offset
+        self.causes = causes
         self.sample: type = tagged(Sample, map)
         self.bad: type = tagged(BadSample, map)
         self.lost_cls: type = tagged(Lost, map)
@@ -108,47 +117,64 @@ class EventBuilder:
             out.extend(map(_tuple_new, _repeat(self.sample), rows))
             return
         if isinstance(decoder, SizedDecoder) and run.size >= decoder.size:
-            # Fixed-size records, all long enough: decode the whole run at C speed, the
-            # fields unpacked from the span itself where the format allows.
-            fields = decoder.strided(run.skip, run.stride)
-            if fields is None:
-                listed = run.payloads(start, stop)
-                decoded = decoder.decode_many(listed)
-                if _build_payloads is not None:
-                    _build_payloads(self.sample, key - self.offset, listed, decoded, out)
-                    return
-                payloads: Iterable[bytes] = listed
-                values: Iterable[Any] = decoded
-            else:
-                at = run.start + start * run.stride
-                view = memoryview(run.span)[at : at + (stop - start) * run.stride]
-                if _build_run is not None:
-                    # The rows straight into records and events, in C: read from the span
-                    # by the decoder's plan where it has one, else unpacked by struct.
-                    record = decoder.row_class
-                    plan = decoder.fields_plan
-                    source: Any
-                    if plan is not None and (record is not None or decoder.build is None):
-                        source = plan
-                    else:
-                        unpacked = fields.iter_unpack(view)
-                        source = unpacked if record is not None else iter(
-                            decoder.each_row(unpacked))
-                    _build_run(self.sample, key - self.offset, run.span, at, stop - start,
-                               run.stride, run.skip, run.size, source, record, out)
-                    return
-                # Payloads and values one at a time into the zip: no lists in between.
-                payloads = run.each_payload(start, stop)
-                values = decoder.each_row(fields.iter_unpack(view))
-            # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
-            # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
-            rows = zip(_repeat(key - self.offset), payloads, values, strict=False)
-            out.extend(_starmap(_tuple_new, zip(_repeat(self.sample), rows, strict=False)))
+            mark = len(out)
+            try:
+                self._decode_run(decoder, key, run, start, stop, out)
+                return
+            except Exception:
+                # A record did not decode: find it, one record at a time. (Out here, not
+                # in this block: an error of the slow path would keep this one as its
+                # context, and with it a view of the span that the collector cannot clear
+                # on Python before 3.12.7, CPython gh-77894.)
+                del out[mark:]
+            self._one_by_one(key, run.payloads(start, stop), True, out)
             return
         self.payloads(key, run.payloads(start, stop), True, out)
 
+    def _decode_run(
+        self, decoder: SizedDecoder, key: int, run: Run, start: int, stop: int, out: list[Any]
+    ) -> None:
+        """Fixed-size records, all long enough: decode the whole run at C speed, the fields
+        unpacked from the span itself where the format allows. (A function of its own: if
+        it raises, its frame, which holds the view, goes with the error.)"""
+        fields = decoder.strided(run.skip, run.stride)
+        if fields is None:
+            listed = run.payloads(start, stop)
+            decoded = decoder.decode_many(listed)
+            if _build_payloads is not None:
+                _build_payloads(self.sample, key - self.offset, listed, decoded, out)
+                return
+            payloads: Iterable[bytes] = listed
+            values: Iterable[Any] = decoded
+        else:
+            at = run.start + start * run.stride
+            view = memoryview(run.span)[at : at + (stop - start) * run.stride]
+            if _build_run is not None:
+                # The rows straight into records and events, in C: read from the span
+                # by the decoder's plan where it has one, else unpacked by struct.
+                record = decoder.row_class
+                plan = decoder.fields_plan
+                source: Any
+                if plan is not None and (record is not None or decoder.build is None):
+                    source = plan
+                else:
+                    unpacked = fields.iter_unpack(view)
+                    source = unpacked if record is not None else iter(
+                        decoder.each_row(unpacked))
+                _build_run(self.sample, key - self.offset, run.span, at, stop - start,
+                           run.stride, run.skip, run.size, source, record, out)
+                return
+            # Payloads and values one at a time into the zip: no lists in between.
+            payloads = run.each_payload(start, stop)
+            values = decoder.each_row(fields.iter_unpack(view))
+        # starmap hands zip's (Sample, row) tuple over as the call's arguments: one
+        # tuple less per event than map(tuple.__new__, repeat(Sample), rows).
+        rows = zip(_repeat(key - self.offset), payloads, values, strict=False)
+        out.extend(_starmap(_tuple_new, zip(_repeat(self.sample), rows, strict=False)))
+
     def payloads(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
-        """Sample events of samples parsed one by one (``BadSample`` where decoding failed)."""
+        """Sample events of samples parsed one by one (``BadSample`` where decoding failed).
+        ``uniform``: they are known to be all of one length."""
         decoder = self.decoder
         cpu, sample = key - self.offset, self.sample
         if decoder is None:
@@ -158,15 +184,27 @@ class EventBuilder:
             rows = zip(_repeat(cpu), payloads, _NONES, strict=False)
             out.extend(map(_tuple_new, _repeat(sample), rows))
             return
-        if uniform and isinstance(decoder, SizedDecoder) and len(payloads[0]) >= decoder.size:
-            # Fixed-size records, all long enough: decode the whole run at C speed.
-            values = decoder.decode_many(payloads)
-            if _build_payloads is not None:
-                _build_payloads(sample, cpu, payloads, values, out)
+        if isinstance(decoder, SizedDecoder) and payloads and (
+            len(payloads[0]) if uniform else min(map(len, payloads))
+        ) >= decoder.size:
+            # All long enough: decode them all at C speed.
+            try:
+                values = decoder.decode_many(payloads)
+            except Exception:
+                pass  # one of them does not decode: find which, one by one
+            else:
+                if _build_payloads is not None:
+                    _build_payloads(sample, cpu, payloads, values, out)
+                    return
+                rows = zip(_repeat(cpu), payloads, values, strict=False)
+                out.extend(map(_tuple_new, _repeat(sample), rows))
                 return
-            rows = zip(_repeat(cpu), payloads, values, strict=False)
-            out.extend(map(_tuple_new, _repeat(sample), rows))
-            return
+        self._one_by_one(key, payloads, uniform, out)
+
+    def _one_by_one(self, key: int, payloads: list[bytes], uniform: bool, out: list[Any]) -> None:
+        decoder = self.decoder
+        assert decoder is not None
+        cpu, sample = key - self.offset, self.sample
         for index, data in enumerate(payloads):
             try:
                 value = decoder(data)
@@ -187,7 +225,9 @@ class EventBuilder:
         cpu = key - self.offset
         error = exc if isinstance(exc, DecodeError) else DecodeError(
             cpu, data, str(exc), map=self.map)
-        if error is not exc:
+        if not self.causes:
+            error = error.with_traceback(None)
+        elif error is not exc:
             error.__cause__ = exc
         if self.decode_errors == "skip":
             return True

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..fleet import NatsOptions
 
 DEFAULT_WAIT = 10.0  # seconds: a cluster elects a leader within a few
 CANNOT_RUN = 1
@@ -177,21 +180,19 @@ def servers(text: str) -> list[str]:
     return [url.strip() for url in text.split(",") if url.strip()] or [text]
 
 
-def keywords(args: argparse.Namespace) -> dict[str, Any]:
-    """The options as keywords of JetStreamSink, FleetReader and create_stream."""
-    return {
-        "user": args.nats_user,
-        "password": args.nats_password,
-        "token": args.nats_token,
-        "creds": args.nats_creds,
-        "tls_ca": args.nats_ca,
-        "tls_cert": args.nats_cert,
-        "tls_key": args.nats_key,
-        "tls_handshake_first": args.nats_tls_first,
-        "allow_insecure": args.nats_insecure,
-        "connect_timeout": args.nats_wait,
-        "ready_timeout": args.nats_wait,
-    }
+def connection(args: argparse.Namespace) -> NatsOptions:
+    """The ``--nats`` URLs and the ``--nats-*`` options as the one value JetStreamSink,
+    FleetReader and create_stream take (checked there: errors name aperf.fleet's
+    argument, which ``failure()`` turns into the option). Needs nats-py."""
+    from ..fleet import NatsOptions
+
+    return NatsOptions(
+        servers(args.nats), user=args.nats_user, password=args.nats_password,
+        token=args.nats_token, creds=args.nats_creds, tls_ca=args.nats_ca,
+        tls_cert=args.nats_cert, tls_key=args.nats_key, tls_handshake_first=args.nats_tls_first,
+        allow_insecure=args.nats_insecure, connect_timeout=args.nats_wait,
+        ready_timeout=args.nats_wait,
+    )
 
 
 class _TlsEofNoise(logging.Filter):

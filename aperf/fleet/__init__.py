@@ -14,6 +14,8 @@ Needs the ``nats`` extra: ``pip install 'aperf-bpf[nats]'``. See docs/fleet.md.
   notices for messages it refused (not aperf's, or forged).
 - [`create_stream()`][aperf.fleet.create_stream] makes the JetStream stream both
   sides use.
+- [`NatsOptions`][aperf.fleet.NatsOptions] says how all three reach the NATS servers
+  (URLs, credentials, TLS, timeouts), in one checked value.
 """
 
 try:
@@ -24,6 +26,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 from .._naming import show_public_names as _show_public_names
+from ._connect import NatsOptions as NatsOptions
 from ._connect import create_stream as create_stream
 from ._errors import FleetAuthError as FleetAuthError
 from ._errors import FleetClosedError as FleetClosedError
@@ -55,6 +58,7 @@ __all__ = [
     "Gap",
     "JetStreamSink",
     "Malformed",
+    "NatsOptions",
     "ReaderStatistics",
     "SinkStatistics",
     "create_stream",

@@ -17,12 +17,11 @@ from typing import Any
 from .._tools.nats_options import (
     add_arguments,
     check,
+    connection,
     failure,
-    keywords,
     nats_urls,
     one_line_warnings,
     quiet_tls_eof,
-    servers,
 )
 from ._connect import DEFAULT_JETSTREAM, DEFAULT_PREFIX, KEEP, create_stream
 from ._errors import FleetConfigError
@@ -88,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         changes["max_bytes"] = None  # no limit
     try:
         info = asyncio.run(
-            create_stream(servers(args.nats), jetstream=args.jetstream, **changes, **keywords(args))
+            create_stream(connection(args), jetstream=args.jetstream, **changes)
         )
     except (FleetConfigError, ValueError, TypeError) as exc:  # also options that do not fit
         line, status = failure(exc)

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import os
 import ssl
+import types
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -41,7 +42,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
 
 from .._log import log
-from ._args import url_problem
+from ._args import check_seconds, url_problem
 from ._errors import (
     FleetAuthError,
     FleetConfigError,
@@ -92,6 +93,105 @@ class Credentials:
     @property
     def tls(self) -> bool:
         return "tls" in self.options or bool(self.options.get("tls_handshake_first"))
+
+
+CONNECT_TIMEOUT = 5.0  # seconds: the first connection (a server that does not answer)
+READY_TIMEOUT = 10.0  # seconds: JetStream serving (a cluster electing a leader)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class NatsOptions:
+    """How to reach the NATS servers: one checked, immutable value for
+    [`JetStreamSink`][aperf.fleet.JetStreamSink],
+    [`FleetReader`][aperf.fleet.FleetReader] and
+    [`create_stream()`][aperf.fleet.create_stream], given where they take ``servers``
+    (as nats.go's ``nats.Options`` holds a connection's settings).
+
+    ``servers`` is a NATS URL or a list of them (any node of a cluster will do). Who the
+    client is: ``user`` and ``password``, or ``token``, or ``creds`` (a credentials
+    file: user JWT and nkey seed); or ``user:password@`` in a URL. TLS: ``tls_ca`` (the
+    CA that signed the server's certificate), ``tls_cert`` and ``tls_key`` (a client
+    certificate); given, or a ``tls://`` URL, TLS is required, and
+    ``tls_handshake_first`` starts it before the server's INFO. A password or token goes
+    in clear (no TLS) only to a server on this host, unless ``allow_insecure``.
+    ``connect_timeout`` bounds the first connection (then it reconnects for ever),
+    ``ready_timeout`` the wait for JetStream to serve (a cluster electing a leader).
+    ``connect_options`` are more keywords for nats-py's ``nats.connect()``.
+
+    Everything is checked here, once (a typed error naming the argument; the files are
+    read now, as the sink and the reader read them); the value is used at every
+    (re)connection. Its ``repr()`` shows no password or token. The same keywords given
+    to the sink, the reader or ``create_stream()`` themselves still work, as before;
+    ``dataclasses.replace(options, ...)`` makes a changed copy.
+    """
+
+    servers: Servers
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_handshake_first: bool = False
+    allow_insecure: bool = False
+    connect_timeout: float = CONNECT_TIMEOUT
+    ready_timeout: float = READY_TIMEOUT
+    connect_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # (frozen: the checked forms, set once here)
+        set_(self, "servers", tuple(server_list(self.servers)))
+        set_(self, "connect_timeout", check_seconds("connect_timeout", self.connect_timeout))
+        set_(self, "ready_timeout", check_seconds("ready_timeout", self.ready_timeout))
+        extra = self.connect_options
+        if extra is not None:
+            if not isinstance(extra, Mapping):
+                raise TypeError(f"connect_options must be a mapping of nats.connect() "
+                                f"keywords or None, not {type(extra).__name__}")
+            set_(self, "connect_options", types.MappingProxyType(dict(extra)))
+        # Not a field: what nats-py is given (an SSL context among them), kept out of
+        # ==, repr() and dataclasses.asdict().
+        set_(self, "_credentials", credentials(
+            user=self.user, password=self.password, token=self.token, creds=self.creds,
+            tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,
+            tls_handshake_first=self.tls_handshake_first, allow_insecure=self.allow_insecure,
+        ))
+
+    def __repr__(self) -> str:
+        shown = [f"servers={[_without_password(u) for u in self.servers]!r}"]
+        for field in dataclasses.fields(self)[1:]:
+            value = getattr(self, field.name)
+            if value != field.default:
+                secret = field.name in ("password", "token")
+                shown.append(f"{field.name}={'***' if secret else repr(value)}")
+        return f"NatsOptions({', '.join(shown)})"
+
+
+def auth(options: NatsOptions) -> Credentials:
+    """nats-py's connection options for ``options``' credentials and TLS (checked)."""
+    return options._credentials  # type: ignore[attr-defined,no-any-return]
+
+
+def resolve_options(
+    servers: Servers | NatsOptions, *, connect_options: Mapping[str, Any] | None,
+    **keywords: Any,
+) -> NatsOptions:
+    """The options a sink, a reader or ``create_stream()`` was given: a ``NatsOptions``
+    in ``servers``, or one made of the connection keywords (the older way). Both at once
+    is a mistake (which would win?): a TypeError naming the keyword."""
+    if isinstance(servers, NatsOptions):
+        defaults = {f.name: f.default for f in dataclasses.fields(NatsOptions)}
+        given = [name for name, value in keywords.items() if value != defaults[name]]
+        if connect_options is not None:
+            given.append("connect_options")
+        if given:
+            raise TypeError(
+                f"{given[0]}= goes in the NatsOptions given as servers, not beside it "
+                f"(dataclasses.replace(options, {given[0]}=...) makes a copy with it)"
+            )
+        return servers
+    return NatsOptions(servers, connect_options=connect_options, **keywords)
 
 
 def credentials(
@@ -570,7 +670,7 @@ KEEP: Literal[_Keep.KEEP] = _Keep.KEEP  # an argument of create_stream not given
 
 
 async def create_stream(
-    servers: Servers,
+    servers: Servers | NatsOptions,
     *,
     jetstream: str = DEFAULT_JETSTREAM,
     subject_prefix: str | _Keep = KEEP,
@@ -612,7 +712,8 @@ async def create_stream(
     ``token``, ``creds``, the ``tls_*`` files, ``tls_handshake_first`` and
     ``allow_insecure`` are as for
     [`JetStreamSink`][aperf.fleet.JetStreamSink]; ``ready_timeout`` bounds how long
-    it waits for a cluster that is not serving.
+    it waits for a cluster that is not serving. ``servers`` may be a
+    [`NatsOptions`][aperf.fleet.NatsOptions] holding all of those instead.
     """
     if discard not in ("old", "new", KEEP):
         raise ValueError(f"discard must be 'old' or 'new', not {discard!r}")
@@ -620,17 +721,17 @@ async def create_stream(
         isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 5
     ):
         raise ValueError(f"replicas must be an int in 1..5, not {replicas!r}")
-    if ready_timeout <= 0:
-        raise ValueError(f"ready_timeout must be positive seconds, not {ready_timeout!r}")
-    auth = credentials(
-        user=user, password=password, token=token, creds=creds,
-        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+    nats_ = resolve_options(
+        servers, connect_options=connect_options, user=user, password=password,
+        token=token, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
         tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
+        connect_timeout=connect_timeout, ready_timeout=ready_timeout,
     )
+    ready_timeout = nats_.ready_timeout
     refusals = Refusals()
     client = await connect(
-        servers, timeout=connect_timeout, name="aperf-create-stream", options=connect_options,
-        auth=auth, refusals=refusals,
+        nats_.servers, timeout=nats_.connect_timeout, name="aperf-create-stream",
+        options=nats_.connect_options, auth=auth(nats_), refusals=refusals,
     )
     try:
         js = client.jetstream()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._errors import AperfError
+from .. import AperfError
 
 
 class FleetError(AperfError):

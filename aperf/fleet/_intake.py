@@ -11,7 +11,10 @@ one costs is bounded, whatever it claims:
 - **Memory.** A message is parsed without copying its samples (``_wire.py``: at
   most ``MAX_EVENTS`` of them, views of the payload), and its events are built a
   chunk at a time as they are handed out (``chunk`` events, or what ``batches()``
-  asks for), never a whole message's, let alone a fetch's. Samples shorter than
+  asks for), never a whole message's, let alone a fetch's. They are built by the
+  core's ``EventBuilder``, as a stream builds them (decoded at C speed where the
+  samples allow; a sample that does not decode is a ``BadSample``), keeping no
+  decoder's traceback (``causes=False``). Samples shorter than
   the decoder's size (its ``size`` attribute: ``aperf.decoders`` have one) are
   refused with one notice per message, not one ``BadSample`` each. So a message
   costs its payload, a fixed few hundred bytes, and one chunk of events.
@@ -34,16 +37,13 @@ and may fill the hole.
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import repeat as _repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._decoding.decode import SizedDecoder
-from .._errors import DecodeError
-from .._events import BadSample, Sample
+from .._reading.build import EventBuilder
 from ._clock import BOOT_OFFSET_HEADER, parse_boot_offset
 from ._errors import FrameError
 from ._events import FleetEvent, Gap, Malformed
@@ -59,6 +59,11 @@ DecoderChoice = Decoder | Mapping[str, Decoder | None] | None
 _Key = tuple[str, str, int]  # host, stream, epoch
 _tuple_new = tuple.__new__
 _NEVER = 1 << 62
+_BUILDERS = 64  # decoders whose builders are kept (a mapping's values)
+
+
+def _never_requeued(*_: Any) -> None:  # pragma: no cover - only under decode_errors="raise"
+    raise AssertionError("a fleet reader builds with decode_errors='item'")
 
 
 class Limits(NamedTuple):
@@ -135,14 +140,14 @@ class _Run:
 class _Samples:
     """A samples message's events, built a slice at a time."""
 
-    __slots__ = ("at", "body", "decoder", "done", "host", "min_size", "stream")
+    __slots__ = ("at", "body", "builder", "done", "host", "min_size", "stream")
 
-    def __init__(self, frame: Frame, decoder: Decoder | None, min_size: int) -> None:
+    def __init__(self, frame: Frame, builder: EventBuilder, min_size: int) -> None:
         assert frame.body is not None
         self.body = frame.body
         self.at = frame.body.start
         self.done = 0
-        self.decoder = decoder
+        self.builder = builder
         self.min_size = min_size  # shorter samples were refused (one notice)
         self.host, self.stream = frame.host, frame.stream
 
@@ -165,12 +170,15 @@ class Intake:
         self._unsettled: dict[_Key, None] = {}
         self._ranges = 0  # ranges in all runs
         self._boot_offsets: OrderedDict[str, int] = OrderedDict()
+        self._builders: dict[int, tuple[Decoder | None, EventBuilder]] = {}  # by id(decoder)
         # What is to be handed out, in order: lists of events, samples to build, and
         # the handles of messages whose events come before them.
         self._todo: deque[Any] = deque()
         self._front: deque[FleetEvent] = deque()  # events built, not handed out
-        self._queued = 0  # events ever put in front
-        self._handed = 0  # events ever handed out
+        # The front's next event (IndexError: none built): an iterator hands them out
+        # one at a time through this, and ``fill()`` builds the next chunk.
+        self.next_event: Callable[[], FleetEvent] = self._front.popleft
+        self._queued = 0  # events ever put in front (handed out: those less the front's)
         self._ends: deque[tuple[int, Any]] = deque()  # (events queued before it, handle)
         self._next_end = _NEVER
         self._released: list[Any] = []
@@ -179,7 +187,8 @@ class Intake:
 
     @property
     def busy(self) -> bool:
-        """Whether events or releases are still to come out of what was accepted."""
+        """Whether events or releases are still to come out of what was accepted
+        (``released()`` gives the releases due)."""
         return bool(self._todo or self._front or self._ends)
 
     def accept(self, d: Delivery) -> None:
@@ -322,7 +331,7 @@ class Intake:
             self._notice(d.subject, d.stream_seq, f"{short} of its {frame.samples} samples "
                          f"are shorter than the decoder's {size} bytes: refused")
         if short < frame.samples:
-            self._todo.append(_Samples(frame, decoder, size if short else 0))
+            self._todo.append(_Samples(frame, self._builder(decoder), size if short else 0))
 
     def _subject(self, host: str, stream: str) -> str:
         return f"{self._prefix}.{subject_token(host)}.{subject_token(stream)}"
@@ -416,6 +425,15 @@ class Intake:
                 host, stream = (token_name(t) or t for t in tokens)
         self._todo.append([FleetEvent(host, stream, Malformed(subject, seq, reason))])
 
+    def withhold(self) -> None:
+        """The reader closed: hand nothing more out. What was accepted and not handed
+        out stays unacknowledged (its messages are never released), so JetStream gives
+        it to the next reader: handing it out here too would give it twice."""
+        self._todo.clear()
+        self._front.clear()
+        self._ends.clear()
+        self._next_end = _NEVER
+
     # --- events out ---------------------------------------------------------------------------
 
     def hand(self, n: int) -> list[FleetEvent]:
@@ -425,25 +443,34 @@ class Intake:
         if not front:
             self._build(max(n, self._limits.chunk))
         if n == 1 and front:
-            out = [front.popleft()]
-        else:
-            out = [front.popleft() for _ in range(min(n, len(front)))]
-        self._handed += len(out)
-        if self._handed >= self._next_end:
-            ends = self._ends
-            while ends and ends[0][0] <= self._handed:
-                self._released.append(ends.popleft()[1])
-            self._next_end = ends[0][0] if ends else _NEVER
-        return out
+            return [front.popleft()]
+        return [front.popleft() for _ in range(min(n, len(front)))]
+
+    def fill(self) -> bool:
+        """Build the next chunk of events into the front if it is empty (``next_event``
+        hands them out); whether it holds any."""
+        if not self._front:
+            self._build(self._limits.chunk)
+        return bool(self._front)
 
     def released(self) -> list[Any]:
         """The handles of messages whose events are all handed out (each once)."""
+        self._release_handed()
         todo = self._todo
         if not self._front:  # the last message handed out may not have been reached yet
             while todo and todo[0].__class__ is _Release and not self._ends:
                 self._released.append(todo.popleft().handle)
         out, self._released = self._released, []
         return out
+
+    def _release_handed(self) -> None:
+        """Release the messages whose last event is handed out."""
+        handed = self._queued - len(self._front)
+        if handed >= self._next_end:
+            ends = self._ends
+            while ends and ends[0][0] <= handed:
+                self._released.append(ends.popleft()[1])
+            self._next_end = ends[0][0] if ends else _NEVER
 
     def _build(self, n: int) -> None:
         """Move up to about ``n`` events from what is to come into the front."""
@@ -465,48 +492,39 @@ class Intake:
                     todo.popleft()
             front.extend(events)
             self._queued += len(events)
-        if self._handed >= self._next_end:  # messages with no events left to hand out
-            ends = self._ends
-            while ends and ends[0][0] <= self._handed:
-                self._released.append(ends.popleft()[1])
-            self._next_end = ends[0][0] if ends else _NEVER
+        self._release_handed()  # messages with no events left to hand out
 
     def _build_samples(self, item: _Samples, n: int) -> list[FleetEvent]:
         start = item.done
         stop = min(item.body.count, start + max(n, 1))
-        cpus, datas, item.at = item.body.slice(start, stop, item.at)
+        pieces, item.at = item.body.pieces(start, stop, item.at)
         item.done = stop
-        if item.min_size:
-            keep = list(map(item.min_size.__le__, map(len, datas)))
-            cpus = list(itertools.compress(cpus, keep))
-            datas = list(itertools.compress(datas, keep))
-        events = self._decode(item.decoder, cpus, datas)
+        builder, min_size = item.builder, item.min_size
+        events: list[Any] = []
+        for cpu, datas in pieces:  # a run of one CPU's samples each
+            if min_size:
+                datas = [data for data in datas if len(data) >= min_size]
+                if not datas:
+                    continue
+            builder.payloads(cpu, datas, False, events)
+        errors = builder.errors  # by CPU: emptied here, so it stays small
+        if errors:
+            self.counts.bad += sum(errors.values())
+            errors.clear()
         rows = zip(_repeat(item.host), _repeat(item.stream), events)
         return list(map(_tuple_new, _repeat(FleetEvent), rows))
 
-    def _decode(self, decoder: Decoder | None, cpus: list[int], datas: list[bytes]) -> list[Any]:
-        if decoder is None:
-            return list(map(_tuple_new, _repeat(Sample), zip(cpus, datas, _repeat(None))))
-        if not datas:
-            return []
-        if isinstance(decoder, SizedDecoder) and min(map(len, datas)) >= decoder.size:
-            try:
-                values = decoder.decode_many(datas)
-            except Exception:
-                pass  # one of them does not decode: find which, one by one
-            else:
-                rows = zip(cpus, datas, values, strict=True)
-                return list(map(_tuple_new, _repeat(Sample), rows))
-        events: list[Any] = []
-        for cpu, data in zip(cpus, datas, strict=True):
-            try:
-                events.append(Sample(cpu, data, decoder(data)))
-            except Exception as exc:
-                self.counts.bad += 1
-                error = exc if isinstance(exc, DecodeError) else DecodeError(cpu, data, str(exc))
-                # Without its traceback (the decoder's frames, most of its cost).
-                events.append(BadSample(cpu, data, error.with_traceback(None)))
-        return events
+    def _builder(self, decoder: Decoder | None) -> EventBuilder:
+        """The builder of ``decoder``'s events: a sample that does not decode is a
+        BadSample, without the decoder's traceback."""
+        kept = self._builders.get(id(decoder))
+        if kept is not None and kept[0] is decoder:
+            return kept[1]
+        if len(self._builders) >= _BUILDERS:  # a mapping that makes decoders as asked
+            self._builders.clear()
+        builder = EventBuilder(decoder, "item", _never_requeued, causes=False)
+        self._builders[id(decoder)] = (decoder, builder)
+        return builder
 
     def _decoder_for(self, stream: str) -> Decoder | None:
         decoder = self._decoder

@@ -10,9 +10,9 @@ Its memory is bounded whatever the messages claim: a fetch asks for fewer messag
 while they are large (``max_fetch_bytes``), the next fetch waits until the last one
 is handed out, and events are built a chunk at a time (``_intake.py``). Iterating
 is cancellation-safe: the fetch runs in a task of the reader's own and what it
-brings is kept on the reader, so a cancelled or timed-out ``anext()`` loses
-nothing and the same iterator goes on (as aperf's streams do, ``_Items`` in
-``aperf/_stream.py``).
+brings is kept on the reader, and the iterator is aperf's streams' own class
+(``aperf/_drivers/items.py``), which keeps nothing across an await, so a cancelled or
+timed-out ``anext()`` loses nothing and the same iterator goes on.
 
 A ``Gap`` is said only for what is really gone: before holes are settled, the
 reader asks the consumer whether every message it delivered and not yet had
@@ -27,7 +27,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -36,18 +37,20 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from .._drivers.items import Items, batches
 from .._log import log
 from ._args import check_int, check_name, check_seconds
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
+    NatsOptions,
     Path,
     Refusals,
     Servers,
+    auth,
     connect,
-    credentials,
     ready,
-    server_list,
+    resolve_options,
     stream_info,
 )
 from ._errors import FleetClosedError, FleetConfigError
@@ -110,15 +113,17 @@ class FleetReader:
     ``tls_handshake_first``, ``allow_insecure``, ``connect_timeout`` and
     ``ready_timeout`` are as for
     [`JetStreamSink`][aperf.fleet.JetStreamSink]: ``open()`` waits for a cluster
-    electing a leader, up to ``ready_timeout``. A reader's user needs the JetStream
-    API subjects of its stream and durable, and nothing on ``<subject_prefix>.>``
+    electing a leader, up to ``ready_timeout``. ``servers`` may be a
+    [`NatsOptions`][aperf.fleet.NatsOptions] holding all of those instead. A reader's
+    user needs the JetStream API subjects of its stream and durable, and nothing on
+    ``<subject_prefix>.>``
     (docs/fleet.md). A permission the server refuses while reading raises
     [`FleetAuthError`][aperf.fleet.FleetAuthError] out of the iteration.
     """
 
     def __init__(
         self,
-        servers: Servers,
+        servers: Servers | NatsOptions,
         *,
         jetstream: str = DEFAULT_JETSTREAM,
         durable: str = "aperf-fleet",
@@ -144,7 +149,12 @@ class FleetReader:
         host_keys: Mapping[str, Ed25519PublicKey | bytes] | Path | None = None,
         max_fetch_bytes: int = DEFAULT_FETCH_BYTES,
     ) -> None:
-        self._servers = server_list(servers)
+        self._nats = resolve_options(
+            servers, connect_options=connect_options, user=user, password=password,
+            token=token, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
+            connect_timeout=connect_timeout, ready_timeout=ready_timeout,
+        )
         check_name("jetstream", jetstream)
         check_name("durable", durable)
         self._max_ack_pending = check_int("max_ack_pending", max_ack_pending, 1, 1 << 20)
@@ -152,7 +162,6 @@ class FleetReader:
         self._max_fetch_bytes = check_int("max_fetch_bytes", max_fetch_bytes, 1, 1 << 40)
         self._fetch_timeout = check_seconds("fetch_timeout", fetch_timeout)
         self._ack_wait = check_seconds("ack_wait", ack_wait)
-        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
         if decoder is not None and not callable(decoder) and not isinstance(decoder, Mapping):
             raise TypeError(
                 f"decoder must be a callable, a mapping of stream names to them, or None, "
@@ -161,13 +170,6 @@ class FleetReader:
         self._jetstream = jetstream
         self._durable = durable
         self._subject = subject or f"{subject_prefix}.>"
-        self._connect_options = dict(connect_options or {})
-        self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
-        self._auth = credentials(
-            user=user, password=password, token=token, creds=creds,
-            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
-        )
         keys = None if host_keys is None else load_host_keys(host_keys)
         self._intake = Intake(prefix=subject_prefix, decoder=decoder, host_keys=keys)
         self._refusals = Refusals()
@@ -195,15 +197,16 @@ class FleetReader:
             raise FleetClosedError("this FleetReader was closed; make a new one")
         if self._nc is not None:
             return
+        options = self._nats
         nc = await connect(
-            self._servers, timeout=self._connect_timeout, name=f"aperf-reader {self._durable}",
-            on_error=self._on_error, options=self._connect_options, auth=self._auth,
-            refusals=self._refusals,
+            options.servers, timeout=options.connect_timeout,
+            name=f"aperf-reader {self._durable}", on_error=self._on_error,
+            options=options.connect_options, auth=auth(options), refusals=self._refusals,
         )
         try:
             js = nc.jetstream()
             await stream_info(
-                nc, js, self._jetstream, timeout=self._ready_timeout, refusals=self._refusals
+                nc, js, self._jetstream, timeout=self._nats.ready_timeout, refusals=self._refusals
             )
             config = ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
@@ -216,7 +219,7 @@ class FleetReader:
                     nc, lambda: js.pull_subscribe(
                         self._subject, durable=self._durable, stream=self._jetstream,
                         config=config,
-                    ), timeout=self._ready_timeout, refusals=self._refusals,
+                    ), timeout=self._nats.ready_timeout, refusals=self._refusals,
                 )
             except nats.js.errors.BadRequestError as exc:
                 raise FleetConfigError(
@@ -243,7 +246,8 @@ class FleetReader:
 
     async def aclose(self) -> None:
         """Acknowledge what was handed out, and disconnect. Events still held are not
-        acknowledged: JetStream redelivers their messages to the next reader."""
+        acknowledged: JetStream redelivers their messages to the next reader, and an
+        iterator used after this ends instead of handing them out twice."""
         if self._closed:
             return
         self._closed = True
@@ -253,8 +257,10 @@ class FleetReader:
         try:
             # Messages fetched that give no event (an end of stream, a duplicate) are
             # done with too; the first that gives events stops it, unacknowledged.
+            self._to_ack.extend(self._intake.released())
             while self._fetched and not self._intake.busy:
                 self._accept(self._fetched.popleft())
+                self._to_ack.extend(self._intake.released())
             task = self._task
             if task is not None:
                 if self._task_done is not _nothing:  # a fetch (what it was bringing is
@@ -265,17 +271,25 @@ class FleetReader:
         finally:
             if self._task is not None:
                 self._task.cancel()
+            # An iterator used after this ends: what is still held is the next reader's.
+            self._intake.withhold()
+            self._fetched.clear()
             await nc.close()
         log.info("fleet reader closed", durable=self._durable,
                  messages=self._intake.counts.messages)
 
     # --- iterating ---------------------------------------------------------------------
 
-    def __aiter__(self) -> _Events[FleetEvent]:
+    def __aiter__(self) -> Items[FleetEvent]:
         self._require_open()
-        return _Events(self, 1, False)
+        # Events are handed out straight from the intake's front: it holds one message's
+        # at most (the next is accepted once it is used up), so the reader's steps, and
+        # the acknowledgement of a message, come when the consumer is back after its last.
+        intake = self._intake
+        return Items(intake.next_event, partial(self._pump, intake.fill), self._ended,
+                     self._wait)
 
-    def batches(self, max_items: int = 1024) -> _Events[list[FleetEvent]]:
+    def batches(self, max_items: int = 1024) -> Items[list[FleetEvent]]:
         """Yield lists of up to ``max_items`` events, in order, without a per-item await.
 
         Acknowledgement works as for ``async for``: a message is acknowledged when the
@@ -283,47 +297,62 @@ class FleetReader:
         """
         check_int("max_items", max_items, 1, 1 << 30)
         self._require_open()
-        return _Events(self, max_items, True)
+        take = partial(self._pump, partial(self._intake.hand, max_items))
+        return batches(take, self._ended, self._wait)
 
     def _require_open(self) -> None:
         if self._psub is None:
             raise FleetClosedError("open the FleetReader first (async with, or await open())")
 
-    async def _step(self, n: int) -> list[FleetEvent] | None:
-        """Up to ``n`` events; None once closed with nothing left. The only await is on
-        the reader's own task: a cancelled caller leaves it running, and the next call
-        takes what it did, so nothing fetched is lost and no cancellation swallowed."""
+    def _pump(self, take: Callable[[], T]) -> T:
+        """What ``take()`` gives (events, or that there are some), doing the reader's next
+        steps without waiting until it gives something: the acknowledgements due, a
+        fetched message to the intake, a fetch or a question to start. Something false
+        when the iterator must wait for the reader's task (``_wait``), or the reader is
+        closed with nothing left (``_ended``). Every wait on the network is in that
+        task: a cancelled ``anext()`` leaves it running, and the next call takes what it
+        did, so nothing fetched is lost and no cancellation swallowed."""
         intake = self._intake
         while True:
-            to_ack = self._to_ack
-            to_ack.extend(intake.released())  # the consumer came back: done with those
-            if to_ack and self._task is None:
-                self._start(self._send_acks(), _nothing)  # sent while events are handed out
-            events = intake.hand(n)
-            if events:
-                return events
-            if self._task is not None:
-                await self._wait_for_task()
+            self._ack_released()
+            got = take()
+            if got:
+                return got
+            task = self._task
+            if task is not None:
+                if not task.done():
+                    return got
+                self._task, done = None, self._task_done
+                # (Its exception, if any, raised here. A fetch's messages that came
+                # after aclose() are left to the next reader.)
+                if not task.cancelled() and (done is _nothing or not self._closed):
+                    done(task.result())
+            elif self._closed:  # (what a fetch brought after aclose() is the next reader's)
+                return got
             elif self._fetched:
                 self._accept(self._fetched.popleft())
-            elif self._closed:
-                return None
             elif intake.unsettled() and self._may_ask():
                 self._start(self._ask(), self._asked)
             else:
                 self._start(self._fetch_once(self._fetch_n), self._took)
 
+    def _ack_released(self) -> None:
+        to_ack = self._to_ack
+        to_ack.extend(self._intake.released())  # the consumer came back: done with those
+        if to_ack and self._task is None:
+            self._start(self._send_acks(), _nothing)  # sent while events are handed out
+
+    def _ended(self) -> bool:
+        return self._closed and self._task is None
+
+    async def _wait(self) -> None:
+        task = self._task
+        if task is not None:
+            await asyncio.wait((task,))
+
     def _start(self, work: Coroutine[Any, Any, Any], done: Callable[[Any], None]) -> None:
         self._task = asyncio.ensure_future(work)
         self._task_done = done
-
-    async def _wait_for_task(self) -> None:
-        task = self._task
-        assert task is not None
-        await asyncio.wait((task,))
-        self._task, done = None, self._task_done
-        if not task.cancelled():
-            done(task.result())  # (its exception, if any, raised here)
 
     def _accept(self, msg: Msg) -> None:
         try:
@@ -444,25 +473,3 @@ class FleetReader:
         """Messages, samples, lost counts, bad samples, gaps, duplicates, and the messages
         malformed, refused or conflicting, seen so far."""
         return ReaderStatistics(**asdict(self._intake.counts))
-
-
-class _Events(Generic[T]):
-    """What ``async for`` over a reader and ``batches()`` iterate: one class, not an
-    async generator, so that a cancelled or timed-out ``anext()`` does not end it
-    (everything waits on the reader: the same iterator goes on where it stopped)."""
-
-    __slots__ = ("_lists", "_n", "_reader")
-
-    def __init__(self, reader: FleetReader, n: int, lists: bool) -> None:
-        self._reader = reader
-        self._n = n
-        self._lists = lists
-
-    def __aiter__(self) -> _Events[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        events = await self._reader._step(self._n)
-        if events is None:
-            raise StopAsyncIteration
-        return cast(T, events if self._lists else events[0])

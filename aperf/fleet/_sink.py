@@ -18,6 +18,10 @@ up to 8x), when JetStream answers with a temporary error, and, all of them in
 order, after every reconnection. A message is given up only when JetStream
 rejects it for good or the sink is closed before it was acknowledged; either is
 counted in ``statistics().dropped`` with its reason, and readers see it as a Gap.
+
+Those rules are ``_window.py``'s, sans I/O; this module is their I/O: it connects,
+publishes what the window puts in flight, hands it the acknowledgements and the
+connection's ups and downs, and wakes whoever waits.
 """
 
 from __future__ import annotations
@@ -25,13 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import socket
 import types
-from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
@@ -44,18 +45,20 @@ from ._clock import BOOT_OFFSET_HEADER, boot_offset_ns
 from ._connect import (
     DEFAULT_JETSTREAM,
     DEFAULT_PREFIX,
+    NatsOptions,
     Path,
     Refusals,
     Servers,
+    auth,
     check_stream,
     connect,
-    credentials,
-    server_list,
+    resolve_options,
 )
 from ._errors import FleetAuthError, FleetClosedError, FleetConfigError
 from ._events import SinkStatistics
 from ._signing import SIGNATURE_HEADER, KeyPath, load_signing_key, sign
-from ._wire import BAD, MIN_MESSAGE_BYTES, Framer, Outgoing, subject_token
+from ._window import Ack, Pending, Window
+from ._wire import MIN_MESSAGE_BYTES, Framer, subject_token
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -63,38 +66,12 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 256
 DEFAULT_WINDOW = 32
 DEFAULT_MESSAGE_BYTES = 1 << 20
-MAX_BACKOFF = 8  # the ack timeout doubles per retry of one message, up to this factor
-
-
-@dataclass
-class _Counts:
-    published: int = 0
-    acknowledged: int = 0
-    retried: int = 0
-    duplicates: int = 0
-    samples_published: int = 0
-    samples_acknowledged: int = 0
-    lost_forwarded: int = 0
-    bad_forwarded: int = 0
 
 
 class BatchSource(Protocol):
     """What ``JetStreamSink.forward()`` reads: a [`PerfStream`][aperf.PerfStream], or alike."""
 
     def batches(self, max_items: int = ...) -> AsyncIterator[list[Any]]: ...
-
-
-class _Pending:
-    """A published message waiting for JetStream's acknowledgement."""
-
-    __slots__ = ("attempts", "connection", "deadline", "headers", "out")
-
-    def __init__(self, out: Outgoing, headers: dict[str, str]) -> None:
-        self.out = out
-        self.headers = headers  # the same for every attempt
-        self.attempts = 0
-        self.deadline = 0.0
-        self.connection = 0  # the connection it was last published on
 
 
 class JetStreamSink:
@@ -111,7 +88,11 @@ class JetStreamSink:
     published and not yet acknowledged, ``max_message_bytes`` the most bytes per
     message (capped by the server's max_payload). ``servers`` is a NATS URL (it
     may hold ``user:password@``) or a list of them (the nodes of a cluster);
-    ``connect_options`` go to ``nats.connect`` as they are.
+    ``connect_options`` go to ``nats.connect`` as they are. ``servers`` may instead be a
+    [`NatsOptions`][aperf.fleet.NatsOptions], which holds the URLs and every connection
+    keyword below (credentials, TLS, ``allow_insecure``, the two timeouts,
+    ``connect_options``) in one value that a reader and ``create_stream()`` take too;
+    those keywords are then not given here.
 
     Who the sink is to the server: ``user`` and ``password``, or ``token``, or
     ``creds`` (a ``.creds`` file: a user JWT and its nkey seed, as ``nsc`` makes
@@ -140,7 +121,7 @@ class JetStreamSink:
 
     def __init__(
         self,
-        servers: Servers,
+        servers: Servers | NatsOptions,
         *,
         host: str | None = None,
         name: str = "perf",
@@ -164,7 +145,12 @@ class JetStreamSink:
         allow_insecure: bool = False,
         signing_key: Ed25519PrivateKey | KeyPath | None = None,
     ) -> None:
-        self._servers = server_list(servers)
+        self._nats = resolve_options(
+            servers, connect_options=connect_options, user=user, password=password,
+            token=token, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
+            connect_timeout=connect_timeout, ready_timeout=ready_timeout,
+        )
         self._host = host if host is not None else socket.gethostname()
         check_name("host", self._host)
         check_name("name", name)
@@ -173,20 +159,12 @@ class JetStreamSink:
         self._name = name
         self._jetstream = jetstream
         self._batch = check_int("batch", batch, 1, 65535)
-        self._window = check_int("window", window, 1, 1 << 16)
+        window = check_int("window", window, 1, 1 << 16)
         # At least one 64 KiB sample (the most a perf record holds) and its header.
         self._max_bytes = check_int(
             "max_message_bytes", max_message_bytes, MIN_MESSAGE_BYTES, 64 << 20
         )
-        self._ack_timeout = check_seconds("ack_timeout", ack_timeout)
-        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
-        self._connect_options = dict(connect_options or {})
-        self._ready_timeout = check_seconds("ready_timeout", ready_timeout)
-        self._auth = credentials(
-            user=user, password=password, token=token, creds=creds,
-            tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-            tls_handshake_first=tls_handshake_first, allow_insecure=allow_insecure,
-        )
+        ack_timeout = check_seconds("ack_timeout", ack_timeout)
         self._signing_key = None if signing_key is None else load_signing_key(signing_key)
         self._refusals = Refusals()
         tokens = f"{subject_token(self._host)}.{subject_token(name)}"
@@ -194,29 +172,19 @@ class JetStreamSink:
         self._inbox_prefix = f"_INBOX.aperf.{subject_token(self._host)}"
         self._epoch = int.from_bytes(os.urandom(8), "little")
         self._id_prefix = f"{tokens}.{self._epoch:016x}."
-        self._framer: Framer | None = None
+        # What is in flight, numbered, published again and settled: decided there (sans
+        # I/O), published here.
+        self._window = Window(window, ack_timeout)
         self._nc: Client | None = None
         self._inbox = ""
         self._headers: dict[str, str] = {}  # sent with every message (_clock.py)
         self._supervisor: asyncio.Task[None] | None = None
-        self._inflight: dict[int, _Pending] = {}  # by first sequence number, in order
-        # First sequence numbers of every message framed and neither acknowledged nor
-        # given up, in order: its first key is the watermark the next message carries.
-        self._unsettled: dict[int, None] = {}
-        self._inflight_bytes = 0
         self._changed = asyncio.Event()  # an ack, a drop, a (re)connection, a failure
         self._wake = asyncio.Event()  # the supervisor has something to look at
-        self._connected = False
-        self._connection = 0  # counts reconnections; a message published on an earlier
-        # connection than the current one is published again (what was on the old
-        # socket may be gone), in order
         self._failure: BaseException | None = None
         self._closing = False
         self._closed = False
         self._closed_event = asyncio.Event()
-        self._n = _Counts()
-        self._dropped: Counter[str] = Counter()
-        self._bridges: list[tuple[Outgoing, bytes]] = []  # stand-ins of dropped messages
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -227,21 +195,21 @@ class JetStreamSink:
         if self._nc is not None:
             return
         nc = await connect(
-            self._servers,
-            timeout=self._connect_timeout,
+            self._nats.servers,
+            timeout=self._nats.connect_timeout,
             name=f"aperf-sink {self._host}/{self._name}",
             on_error=self._on_error,
             disconnected=self._on_disconnected,
             reconnected=self._on_reconnected,
-            options=self._connect_options,
-            auth=self._auth,
+            options=self._nats.connect_options,
+            auth=auth(self._nats),
             refusals=self._refusals,
             inbox_prefix=self._inbox_prefix,
         )
         try:
             info = await check_stream(
                 nc, nc.jetstream(), self._jetstream, self._subject,
-                timeout=self._ready_timeout, refusals=self._refusals,
+                timeout=self._nats.ready_timeout, refusals=self._refusals,
             )
             if nc.max_payload < MIN_MESSAGE_BYTES:
                 raise FleetConfigError(
@@ -262,15 +230,14 @@ class JetStreamSink:
         except BaseException:
             await nc.close()
             raise
-        self._framer = Framer(
+        self._window.opened(Framer(
             self._host, self._name, self._epoch, max_events=self._batch, max_bytes=max_bytes
-        )
+        ))
         self._nc = nc
-        self._connected = True
         self._supervisor = asyncio.ensure_future(self._supervise())
         log.info(
             "fleet sink opened", subject=self._subject, jetstream=self._jetstream,
-            epoch=f"{self._epoch:016x}", window=self._window, batch=self._batch,
+            epoch=f"{self._epoch:016x}", window=self._window.size, batch=self._batch,
         )
 
     async def __aenter__(self) -> JetStreamSink:
@@ -297,12 +264,13 @@ class JetStreamSink:
             if nc is not None and self._failure is None:
                 with contextlib.suppress(asyncio.TimeoutError, FleetClosedError):
                     await asyncio.wait_for(self.flush(), timeout)
-            for pending in list(self._inflight.values()):
-                self._drop(pending, "unacknowledged when the sink closed")
+            self._window.give_up_all("unacknowledged when the sink closed")
+            self._changed.set()  # a flush() in another task: nothing is in flight now
             refused = isinstance(self._failure, FleetAuthError)  # the end would be refused too
-            if nc is not None and self._framer is not None and nc.is_connected and not refused:
+            framer = self._window.framer
+            if nc is not None and framer is not None and nc.is_connected and not refused:
                 await self._publish_bridges(nc)
-                await self._publish_end(nc, self._framer, timeout)
+                await self._publish_end(nc, framer, timeout)
         finally:
             self._closed = True
             self._closed_event.set()
@@ -322,7 +290,7 @@ class JetStreamSink:
         payload = framer.end()
         try:
             await nc.request(
-                self._subject, payload, timeout=min(timeout, self._ack_timeout),
+                self._subject, payload, timeout=min(timeout, self._window.ack_timeout),
                 headers=self._signed({"Nats-Msg-Id": msg_id}, payload),
             )
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
@@ -345,38 +313,29 @@ class JetStreamSink:
     async def send(self, events: Sequence[Any]) -> None:
         """Frame ``events`` (Sample, Lost, BadSample, in stream order) and publish them,
         waiting while the window is full or the connection is down."""
-        framer = self._require_open()
-        outs = framer.frame(events, self._watermark(framer))
-        for out in outs:
-            self._unsettled[out.first] = None
+        self._require_open()
+        window = self._window
+        outs = window.frame(events)
         sent = 0
         try:
             for out in outs:
                 await self._room()
                 headers = {"Nats-Msg-Id": f"{self._id_prefix}{out.first}.{out.tag.hex()}",
                            **self._headers}
-                pending = _Pending(out, self._signed(headers, out.payload))
-                self._inflight[out.first] = pending
-                self._inflight_bytes += len(out.payload)
-                self._n.published += 1
-                self._n.samples_published += out.samples
-                if len(self._inflight) == 1:
+                pending = window.put(out, self._signed(headers, out.payload))
+                if len(window.inflight) == 1:
                     self._wake.set()  # the supervisor sleeps without a deadline when idle
                 sent += 1
                 await self._publish(pending)
         finally:
-            # Framed, numbered, never published (send was cancelled or the sink failed):
-            # counted, and readers will see a Gap for them.
-            for out in outs[sent:]:
-                self._dropped["not published: send() was interrupted"] += out.samples + out.lost
-                del self._unsettled[out.first]
+            window.abandon(outs[sent:])  # framed, never published: counted, and a Gap
 
     async def flush(self) -> None:
         """Wait until every published message is acknowledged (or given up)."""
         while True:
             self._changed.clear()
             self._raise_failure()
-            if not self._inflight:
+            if not self._window.inflight:
                 return
             if self._closed:
                 raise FleetClosedError("the sink was closed with messages unacknowledged")
@@ -390,22 +349,16 @@ class JetStreamSink:
             )
         return headers
 
-    def _require_open(self) -> Framer:
+    def _require_open(self) -> None:
         self._raise_failure()
         if self._closing:
             raise FleetClosedError("this JetStreamSink is closed")
-        if self._framer is None:
+        if self._window.framer is None:
             raise FleetClosedError("open the JetStreamSink first (async with, or await open())")
-        return self._framer
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
-
-    def _watermark(self, framer: Framer) -> int:
-        """Every event below this is acknowledged or given up: the first event of the
-        first message framed and not settled (in flight, or waiting for room)."""
-        return next(iter(self._unsettled), framer.next_seq)
 
     async def _room(self) -> None:
         while True:
@@ -413,18 +366,14 @@ class JetStreamSink:
             self._raise_failure()
             if self._closing:
                 raise FleetClosedError("the sink was closed")
-            if self._connected and len(self._inflight) < self._window:
+            if self._window.room():
                 return
             await self._changed.wait()
 
-    async def _publish(self, pending: _Pending) -> None:
+    async def _publish(self, pending: Pending) -> None:
         nc = self._nc
         assert nc is not None
-        pending.attempts += 1
-        loop = asyncio.get_running_loop()
-        backoff = min(1 << (pending.attempts - 1), MAX_BACKOFF)
-        pending.deadline = loop.time() + self._ack_timeout * backoff
-        pending.connection = self._connection
+        self._window.attempt(pending, asyncio.get_running_loop().time())
         out = pending.out
         try:
             await nc.publish(
@@ -451,66 +400,27 @@ class JetStreamSink:
             first = int(msg.subject[len(self._inbox) :])
         except ValueError:
             return
-        pending = self._inflight.get(first)
-        if pending is None:
-            return  # the ack of an earlier attempt of a message settled since
-        if msg.headers and msg.headers.get("Status") == "503":
-            self._retry_soon(pending)  # no responders: JetStream not (yet) listening
-            return
-        try:
-            reply = json.loads(msg.data)
-        except ValueError:
-            self._retry_soon(pending)
-            return
-        error = reply.get("error") if isinstance(reply, dict) else None
-        if error:
-            code = error.get("code", 0) if isinstance(error, dict) else 0
-            if code >= 500 or code == 408:  # stream full with discard new, store busy ...
-                self._retry_soon(pending)
-            else:
-                why = error.get("description", error) if isinstance(error, dict) else error
-                self._drop(pending, f"rejected by JetStream: {why}")
-            return
-        self._settle(pending)
-        self._n.acknowledged += 1
-        self._n.samples_acknowledged += pending.out.samples
-        self._n.lost_forwarded += pending.out.lost
-        if pending.out.kind == BAD:
-            self._n.bad_forwarded += 1
-        if isinstance(reply, dict) and reply.get("duplicate"):
-            self._n.duplicates += 1
-
-    def _settle(self, pending: _Pending) -> None:
-        del self._inflight[pending.out.first]
-        del self._unsettled[pending.out.first]
-        self._inflight_bytes -= len(pending.out.payload)
-        self._changed.set()
-
-    def _drop(self, pending: _Pending, reason: str) -> None:
-        self._settle(pending)
-        self._dropped[reason] += pending.out.samples + pending.out.lost
-        if self._framer is not None:  # its stand-in carries the run's chain over the hole
-            self._bridges.append((pending.out, self._framer.dropped(pending.out)))
-            self._wake.set()
+        status = msg.headers.get("Status") if msg.headers else None
+        now = asyncio.get_running_loop().time()
+        done = self._window.acknowledged(first, status, msg.data, now)
+        if done is Ack.STORED or done is Ack.DROPPED:
+            self._changed.set()  # room in the window; flush() may be done
+        if done is Ack.RETRY or done is Ack.DROPPED:
+            self._wake.set()  # a sooner deadline, or a stand-in to publish
 
     async def _publish_bridges(self, nc: Client) -> None:
         """Publish the stand-ins of the messages given up (best effort: without them,
         readers see the hole as a Gap once a checked watermark passes it)."""
-        while self._bridges:
-            out, payload = self._bridges[0]
+        bridges = self._window.bridges
+        while bridges:
+            out, payload = bridges[0]
             msg_id = f"{self._id_prefix}{out.first}.{out.tag.hex()}.dropped"
             try:
                 await nc.publish(self._subject, payload,
                                  headers=self._signed({"Nats-Msg-Id": msg_id}, payload))
             except nats.errors.Error:
                 return  # away: tried again once reconnected (or given up at close)
-            del self._bridges[0]
-
-    def _retry_soon(self, pending: _Pending) -> None:
-        loop = asyncio.get_running_loop()
-        backoff = min(1 << (pending.attempts - 1), MAX_BACKOFF)
-        pending.deadline = min(pending.deadline, loop.time() + 0.1 * backoff)
-        self._wake.set()
+            del bridges[0]
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -520,7 +430,7 @@ class JetStreamSink:
     def _on_error(self, exc: Exception) -> None:
         log.debug("fleet sink: NATS error", subject=self._subject, error=str(exc))
         refused = self._refusals.note(exc)
-        if refused is None or self._framer is None:
+        if refused is None or self._window.framer is None:
             return  # not a refusal, or one while opening: open() raises it
         # The server dropped what it refused (no acknowledgement will come), and will
         # refuse every message on this subject: fail now, count what was in flight.
@@ -529,19 +439,17 @@ class JetStreamSink:
             f"host {self._host!r} (subject {self._subject!r}), or lacks a permission "
             "docs/fleet.md lists"
         ))
-        for pending in list(self._inflight.values()):
-            self._drop(pending, f"refused by the NATS server: {refused}")
+        if self._window.give_up_all(f"refused by the NATS server: {refused}"):
+            self._wake.set()  # their stand-ins, once the server takes them (it will not)
 
     async def _on_disconnected(self) -> None:
-        if self._connected:
+        if self._window.disconnected():
             log.info("fleet sink: disconnected from NATS", subject=self._subject)
-        self._connected = False
         self._changed.set()
 
     async def _on_reconnected(self) -> None:
         log.info("fleet sink: reconnected to NATS", subject=self._subject)
-        self._connected = True
-        self._connection += 1
+        self._window.reconnected()  # everything in flight is published again, in order
         self._wake.set()
         self._changed.set()
 
@@ -554,24 +462,20 @@ class JetStreamSink:
 
     async def _resend_forever(self) -> None:
         loop = asyncio.get_running_loop()
+        window = self._window
         while not self._closed:
             self._wake.clear()
-            if self._connected and self._bridges and self._nc is not None:
+            if window.connected and window.bridges and self._nc is not None:
                 await self._publish_bridges(self._nc)
-            if self._connected and self._inflight:
+            if window.connected and window.inflight:
                 now = loop.time()
-                for pending in list(self._inflight.values()):
-                    if not self._connected:
+                for pending in list(window.inflight.values()):
+                    if not window.connected:
                         break
-                    if (
-                        pending.connection < self._connection or pending.deadline <= now
-                    ) and pending.out.first in self._inflight:
-                        self._n.retried += 1
+                    if window.retry(pending, now):
                         await self._publish(pending)
-            timeout = None
-            if self._connected and self._inflight:
-                earliest = min(p.deadline for p in self._inflight.values())
-                timeout = max(0.0, earliest - loop.time())
+            deadline = window.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
@@ -579,13 +483,13 @@ class JetStreamSink:
 
     def statistics(self) -> SinkStatistics:
         """Messages published, acknowledged, retried; samples; drops with their reasons."""
-        nc = self._nc
+        nc, window = self._nc, self._window
         return SinkStatistics(
-            **dataclasses.asdict(self._n),
-            dropped=types.MappingProxyType(dict(self._dropped)),
-            in_flight=len(self._inflight),
-            in_flight_bytes=self._inflight_bytes,
-            connected=self._connected and not self._closed,
+            **dataclasses.asdict(window.counts),
+            dropped=types.MappingProxyType(dict(window.dropped)),
+            in_flight=len(window.inflight),
+            in_flight_bytes=window.inflight_bytes,
+            connected=window.connected and not self._closed,
             reconnects=nc.stats["reconnects"] if nc is not None else 0,
         )
 

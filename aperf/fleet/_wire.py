@@ -62,8 +62,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
-from .._errors import DecodeError
-from .._events import BadSample, Lost, Sample
+from .. import BadSample, DecodeError, Lost, Sample
 from ._args import MAX_NAME_BYTES, check_name, name_problem
 from ._errors import FrameError
 from ._events import Gap
@@ -104,7 +103,7 @@ class Outgoing(NamedTuple):
 class SampleRuns:
     """A samples body, checked and not copied: its run table and lengths are views of
     the payload, so parsing costs a few hundred bytes whatever the message claims, and
-    a reader builds the samples a slice at a time (``slice``)."""
+    a reader builds the samples a slice at a time (``pieces``)."""
 
     __slots__ = ("_data", "_off", "_payload", "count", "lengths", "runs")
 
@@ -116,26 +115,25 @@ class SampleRuns:
         self.count = len(lengths)
         self._data = data_offset
 
-    def slice(self, start: int, stop: int, at: tuple[int, int, int]
-              ) -> tuple[list[int], list[bytes], tuple[int, int, int]]:
-        """The CPUs and bytes of samples ``start .. stop-1``, from a cursor ``at``
-        (run index, samples left in that run, byte offset) that the previous slice
-        returned (``self.start`` first); and the cursor after them."""
+    def pieces(self, start: int, stop: int, at: tuple[int, int, int]
+               ) -> tuple[list[tuple[int, list[bytes]]], tuple[int, int, int]]:
+        """Samples ``start .. stop-1`` as (CPU, their bytes) per run of one CPU, from a
+        cursor ``at`` (run index, samples left in that run, byte offset) that the previous
+        call returned (``self.start`` first); and the cursor after them."""
         run, left, off = at
-        runs, payload = self.runs, self._payload
-        cpus: list[int] = []
-        n = stop - start
-        while n:
+        runs, payload, lengths = self.runs, self._payload, self.lengths
+        out: list[tuple[int, list[bytes]]] = []
+        while start < stop:
             if not left:
                 run += 1
                 left = runs[2 * run + 1]
-            k = min(n, left)
-            cpus.extend(itertools.repeat(runs[2 * run], k))
+            k = min(stop - start, left)
+            ends = list(itertools.accumulate(lengths[start : start + k], initial=off))
+            out.append((runs[2 * run], list(map(payload.__getitem__, map(slice, ends, ends[1:])))))
+            start += k
             left -= k
-            n -= k
-        ends = list(itertools.accumulate(self.lengths[start:stop], initial=off))
-        datas = list(map(payload.__getitem__, map(slice, ends, ends[1:])))
-        return cpus, datas, (run, left, ends[-1])
+            off = ends[-1]
+        return out, (run, left, off)
 
     @property
     def start(self) -> tuple[int, int, int]:
@@ -143,11 +141,12 @@ class SampleRuns:
 
     @property
     def cpus(self) -> list[int]:
-        return self.slice(0, self.count, self.start)[0]
+        pieces = self.pieces(0, self.count, self.start)[0]
+        return [cpu for cpu, datas in pieces for _ in datas]
 
     @property
     def datas(self) -> list[bytes]:
-        return self.slice(0, self.count, self.start)[1]
+        return [data for _, datas in self.pieces(0, self.count, self.start)[0] for data in datas]
 
 
 class Frame(NamedTuple):

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import nats
 import pytest
 
@@ -92,6 +93,19 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0)
     while not condition():
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def until_async(
+    value: Callable[[], Any], expected: Any, what: str, timeout: float = 30.0
+) -> None:
+    """Wait for the awaitable ``value()`` to give ``expected``; fail (not hang) if it never
+    does. A guard, not a speed test."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (got := await value()) != expected:
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {got!r}")
         await asyncio.sleep(0.01)
 
 
@@ -476,6 +490,15 @@ async def test_reader_acknowledges_only_what_it_handed_out(nats_server: NatsServ
     async with FleetReader(url, durable="two", decoder=SEQ_TS, ack_wait=1.0) as reader:
         assert await take(reader, 10) == list(range(10))
 
+    # Iterating on after aclose(): it ends. What the reader still held is the next
+    # reader's (unacknowledged), so handing it out here too would give it twice.
+    async with FleetReader(url, durable="three", decoder=SEQ_TS, ack_wait=1.0) as reader:
+        events, batches = aiter(reader), reader.batches(4)
+        assert [(await anext(events)).event.value.seq for _ in range(3)] == [0, 1, 2]
+    assert [e async for e in events] == [] and [b async for b in batches] == []
+    async with FleetReader(url, durable="three", decoder=SEQ_TS, ack_wait=1.0) as reader:
+        assert await take(reader, 10) == list(range(10))
+
 
 
 @pytest.mark.anyio
@@ -502,6 +525,70 @@ async def test_a_cancelled_or_timed_out_anext_does_not_end_the_reader(
             got.append((await asyncio.wait_for(anext(events), 30)).event.value.seq)
     assert got == list(range(10))  # each once, in order, from the same iterators
     assert reader.statistics().samples == 10
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_an_anext_cancelled_at_any_point_loses_nothing_and_ends_nothing(
+    nats_server: NatsServer,
+) -> None:
+    """A cancel scope (anyio's, as trio users write them) cut short before every other
+    ``anext()``: each one cancelled wherever it waits (a fetch, its acknowledgements,
+    the question about the end of stream) while the messages arrive one fetch at a
+    time. Each cancelled call is followed by one that may wait: together they hand out
+    every event once, in order, from the same iterators."""
+    url = nats_server.url
+    await create_stream(url)
+    async with JetStreamSink(url, host="h", name="s", batch=3) as sink:
+        await sink.send([seq_sample(0, i) for i in range(12)])  # four messages
+    got: list[int] = []
+    cancelled = 0
+
+    def seqs(it: Any, item: Any) -> list[int]:
+        return [e.event.value.seq for e in item] if it is batches else [item.event.value.seq]
+
+    async with FleetReader(url, durable="scoped", decoder=SEQ_TS, batch=1) as reader:
+        events, batches = aiter(reader), reader.batches(2)
+        while len(got) < 12:
+            it = events if len(got) % 5 else batches
+            with anyio.move_on_after(0) as scope:  # cancelled at its first wait
+                got += seqs(it, await anext(it))
+            cancelled += scope.cancelled_caught
+            if len(got) == 12:
+                break
+            with anyio.fail_after(30):  # a guard: the same iterator goes on
+                got += seqs(it, await anext(it))
+    assert cancelled  # the scopes did cut waits short
+    assert got == list(range(12))  # each once, in order
+    assert reader.statistics().samples == 12
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_async_for_acknowledges_a_message_when_the_consumer_comes_back(
+    nats_server: NatsServer,
+) -> None:
+    """``async for`` takes events one at a time straight from the intake's front, without
+    the reader's steps in between. A message is still acknowledged as soon as the
+    consumer comes back for the event after its last one (docs/fleet.md): here the first
+    of two while the second's events are being handed out."""
+    url = nats_server.url
+    await create_stream(url)
+    async with JetStreamSink(url, host="h", name="s", batch=5) as sink:
+        await sink.send([seq_sample(0, i) for i in range(10)])  # two messages
+        await sink.flush()
+    async with FleetReader(url, durable="prompt", decoder=SEQ_TS) as reader:
+        events = aiter(reader)
+        for i in range(6):  # the first message, and back for the second's first event
+            assert (await asyncio.wait_for(anext(events), 30)).event.value.seq == i
+
+        async def acked() -> int:  # the stream sequence number all below which are acked
+            return int((await consumer_info(url, "prompt")).ack_floor.stream_seq)
+
+        # The acknowledgement is sent in the reader's task: wait for it (a guard against
+        # hanging, no speed test).
+        await until_async(acked, 1, "the first message acknowledged")
+        assert await acked() == 1  # and the second is not: it is still being handed out
 
 
 @pytest.mark.anyio

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+import aperf
 import aperf.fleet as fleet  # its new names are read in the tests, so they run on old code
 from aperf.fleet import FleetConfigError, FleetReader, JetStreamSink, create_stream
 from aperf.fleet.testing import NatsServer, free_port
@@ -413,3 +414,30 @@ def test_the_ca_option_says_what_it_is() -> None:
                      r"certificate \(a tls:// URL without it trusts the system's CAs\); "
                      r"given, TLS is required", text), text
     assert "--nats-insecure" in text and "--nats-tls-first" in text
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_one_nats_options_value_serves_the_sink_the_reader_and_create_stream(
+    either_server: tuple[NatsServer, Path, int],
+) -> None:
+    """The URLs, the user, the TLS CA and the timeouts given once, as ``NatsOptions``,
+    instead of the same keywords three times: each connects over TLS as that user, and a
+    sample goes through."""
+    server, ca, monitor = either_server
+    options = fleet.NatsOptions(server.url, **login(tls_ca=ca))
+    await create_stream(options)
+    async with (
+        JetStreamSink(options, host="web-1", name="perf") as sink,
+        FleetReader(options, durable="d") as reader,
+    ):
+        seen = {c.get("name"): c for c in connections(monitor)}
+        for name in ("aperf-sink web-1/perf", "aperf-reader d"):
+            assert seen[name].get("authorized_user") == "web-1", seen
+            assert seen[name].get("tls_version"), f"{name} sent the password in clear: {seen}"
+        await sink.send([aperf.Sample(0, b"one sample")])
+        host, stream, event = await asyncio.wait_for(anext(aiter(reader)), 30)
+    assert (host, stream, event) == ("web-1", "perf", aperf.Sample(0, b"one sample", None))
+    # The same value, and a keyword beside it: which would win? Said, naming it.
+    with pytest.raises(TypeError, match=r"^user= goes in the NatsOptions"):
+        FleetReader(options, user="web-2")

@@ -271,7 +271,10 @@ def test_a_forked_child_does_not_inherit_the_claim(
     try:
         with pytest.raises(aperf.BusyResourceError, match=BUSY_LINE.format(pid=holder.proc.pid)):
             anyio.run(_open_and_close, perf_pin)
-        holder.kill()  # the child lives on, with its inherited copy of the stream
+        # The holder dies; the child lives on, with its inherited copy of the stream (and
+        # of the holder's stdout: the pipe is closed after the child is gone, in `hold`).
+        holder.proc.kill()
+        holder.proc.wait(30)
         os.kill(child, 0)
         events = anyio.run(lambda: _read(perf_pin, 200, lambda: producer.emit(200, cpu=0)))
         assert len(events) == 200

@@ -155,7 +155,8 @@ async def with_history(hub: Hub, history: int, last_event_id: str | None = None
     return chunks
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_history_then_ready_exactly_where_the_client_came() -> None:
     hub = Hub(8, run=RUN)
     publish(hub, 5)
@@ -175,7 +176,8 @@ async def test_history_then_ready_exactly_where_the_client_came() -> None:
     assert ready.json() == {"clients": 3}  # the three clients, this one among them
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
+@asyncio_only
 async def test_history_longer_than_a_write_and_a_reconnect_with_it() -> None:
     hub = Hub(1024, run=RUN)
     publish(hub, 600)

@@ -34,7 +34,6 @@ FLOORS = {
 ENTRY_POINTS = {"__main__", "fleet.__main__"}
 
 # Floors inside packages (their modules and subpackages), bottom up, by the same rule.
-# A package not listed here (fleet) is checked for cycles only.
 INSIDE = {
     "_native": {"prototypes": 0, "libc": 0, "speedups": 0, "_speedups": 0, "libbpf": 1,
                 "ebpfapi": 1},
@@ -65,8 +64,13 @@ INSIDE = {
     "_reading": {"clock": 0, "losses": 0, "callbacks": 0, "build": 0, "rings": 0, "looks": 0,
                  "order": 1, "stats": 1, "gather": 1, "columnar": 2, "multi": 2,
                  "ordering": 2, "lease": 1, "reader": 3, "snapshot": 4},
-    "_drivers": {"setup": 0, "lifetime": 0, "signals": 0, "lease": 1, "user_ringbuf": 1,
-                 "stream": 2, "sync": 3},
+    "_drivers": {"items": 0, "setup": 0, "lifetime": 0, "signals": 0, "lease": 1,
+                 "user_ringbuf": 1, "stream": 2, "sync": 3},
+    # The fleet's sans-I/O rooms (the wire format, the window, the holes, the intake) sit
+    # under their drivers (the sink, the reader); its __main__ is an entry point, on top.
+    "fleet": {"_args": 0, "_clock": 0, "_errors": 0, "_events": 0, "testing": 0,
+              "_wire": 1, "_signing": 1, "_connect": 1, "_gaps": 2, "_window": 2,
+              "_intake": 3, "_sink": 4, "_reader": 4, "__init__": 5, "__main__": 6},
     "_tools": {"nats_options": 0, "doctor": 0, "trace": 1, "record": 2},
     # The tracer's loop (session) serves both the command (cli) and its shards.
     "_tools.trace": {"preflight": 0, "render": 0, "output": 0, "session": 1, "shards": 2,
@@ -91,8 +95,20 @@ NATIVE_USERS = {
     # stream's iterator, and says which path runs (__init__, aperf-trace -v).
     "_native.speedups": {"_rings.perf.format", "_rings.ringbuf.format",
                          "_native.libbpf.perf_buffer", "_reading.build", "_reading.looks",
-                         "_reading.reader", "_drivers.stream", "__init__", "_tools.trace.cli"},
+                         "_reading.reader", "_drivers.items", "__init__", "_tools.trace.cli"},
 }
+# aperf.fleet is built on the public API (aperf, aperf.decoders: its events, errors and
+# decoders). Of the private floors it uses these only, each for a reason; an entry no
+# fleet module uses any more is to go.
+PUBLIC = {"__init__", "abc", "decoders", "testing"}
+FLEET_PRIVATE = {
+    "_log": "aperf's one logger (library code never configures logging)",
+    "_naming": "public names shown as the package's (aperf.fleet.FleetError)",
+    "_boottime": "the wall clock against the boot-time clock, measured as recordings do",
+    "_reading.build": "EventBuilder: a fleet reader builds its samples as a stream does",
+    "_drivers.items": "the streams' iterator class: a cancelled anext() ends no iterator",
+}
+
 # The map-backed source families are siblings: none imports another's source (they share
 # map_spec and the seam; Windows' ring buffer reads with the ring buffer *format*).
 MAP_SOURCES = ("_rings.perf.source", "_rings.ringbuf.source", "_rings.ringbuf.array",
@@ -284,6 +300,13 @@ def test_map_backed_sources_do_not_import_one_another() -> None:
                for dep in sorted(deps)
                if family(module) and family(dep) and family(module) != family(dep)]
     assert not chained
+
+
+def test_the_fleet_uses_the_public_api_and_the_private_rooms_it_names() -> None:
+    # (fleet/__main__.py is an entry point: the commands' NATS options are its own.)
+    used = {dep for module, deps in imports().items() if top_unit(module) == "fleet"
+            for dep in deps if top_unit(dep) != "fleet" and dep not in PUBLIC}
+    assert used == set(FLEET_PRIVATE)
 
 
 def test_the_btf_room_knows_no_bpf_object() -> None:

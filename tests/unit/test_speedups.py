@@ -692,7 +692,7 @@ sys.exit(pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-k", "test_differen
 
 PATH_PROBE = """
 import aperf
-from aperf._drivers import stream
+from aperf._drivers import items
 from aperf._native import speedups
 from aperf._reading import build, looks
 from aperf._rings.perf import format as perf_format
@@ -700,7 +700,7 @@ from aperf._rings.ringbuf import format as ringbuf_format
 from aperf.testing import FakeRingSource
 
 hooks = [perf_format._perf_split, ringbuf_format._ringbuf_split, build._build_run,
-         build._build_payloads, stream._FastItems, speedups.RingCell]
+         build._build_payloads, items._FastItems, speedups.RingCell]
 with aperf.PerfBuffer(FakeRingSource(cpus=[0]), on_sample=print) as pb:
     fast = pb.statistics().fast_path
 print(aperf.EXTENSIONS, fast, sum(h is not None for h in hooks),
@@ -730,8 +730,8 @@ def test_aperf_no_extensions_forces_the_pure_path(value: str, pure: bool) -> Non
 
 def test_the_compiled_path_runs_in_this_checkout(compiled: Any) -> None:
     """What ``aperf.EXTENSIONS`` says is what runs: the hooks are the compiled ones."""
-    from aperf._drivers import stream
+    from aperf._drivers import items
     from aperf._rings.perf import format as perf_format
 
     assert aperf.EXTENSIONS and perf_format._perf_split is compiled.perf_split
-    assert build._build_run is compiled.build_run and stream._FastItems is compiled.Items
+    assert build._build_run is compiled.build_run and items._FastItems is compiled.Items

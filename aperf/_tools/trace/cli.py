@@ -151,8 +151,8 @@ async def open_sink(args: argparse.Namespace) -> Any:
     _natsargs.one_line_warnings(PROG)
     try:
         sink = JetStreamSink(
-            _natsargs.servers(args.nats), host=args.host, name=FLEET_STREAM,
-            signing_key=args.nats_signing_key, **_natsargs.keywords(args),
+            _natsargs.connection(args), host=args.host, name=FLEET_STREAM,
+            signing_key=args.nats_signing_key,
         )
         await sink.open()
     except (FleetConfigError, ValueError, TypeError) as exc:  # also options that do not fit
